@@ -1,0 +1,50 @@
+"""The oracle judge of the demo world: exact caption fidelity from the scene record.
+
+A caption's stated facts (count, background, and each mentioned object's colour, shape, size and
+motion, in order of mention) are compared with the scene's objects in order of appearance.
+precision = right facts / stated facts; recall = right facts / facts in the scene. The "visual"
+figures count colour, shape and motion only: the facts the issue's fidelity bar is about.
+"""
+from __future__ import annotations
+
+from lvspec_eval.demo import world
+
+ATTRIBUTES = ("colour", "shape", "size", "motion")
+VISUAL = ("colour", "shape", "motion")
+
+
+def score_caption(text: str, scene: world.Scene) -> dict:
+    facts = world.caption_facts(text)
+    n = len(scene.objects)
+    stated = correct = 0
+    per_attr = {a: [0, 0] for a in ATTRIBUTES}  # [right, stated]
+    if facts.count is not None:
+        stated += 1
+        correct += facts.count == world.COUNT_WORDS[n]
+    if facts.background is not None:
+        stated += 1
+        correct += facts.background == scene.background
+    for k, mention in enumerate(facts.objects):
+        obj = scene.objects[k] if k < n else None
+        for a in ATTRIBUTES:
+            if mention[a] is None:
+                continue
+            ok = obj is not None and getattr(obj, a) == mention[a]
+            per_attr[a][0] += ok
+            per_attr[a][1] += 1
+            stated += 1
+            correct += ok
+    total = 2 + len(ATTRIBUTES) * n
+    precision = correct / stated if stated else 0.0
+    recall = correct / total
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "stated": stated,
+        "correct": correct,
+        "visual_stated": sum(per_attr[a][1] for a in VISUAL),
+        "visual_correct": sum(per_attr[a][0] for a in VISUAL),
+        "per_attribute": {a: (r / s if s else None) for a, (r, s) in per_attr.items()},
+    }

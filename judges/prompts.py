@@ -1,0 +1,224 @@
+"""Judge prompts: pure functions from texts to chat messages, each with a version and a reply schema.
+
+Why fixed and versioned: a decoding method and its vanilla baseline must be judged by the same
+words, or a score difference could come from the prompt. Every prompt's text is constant apart
+from the slots it fills, and its `version` is part of the judge cache key, so editing a prompt
+means bumping its version (old cached judgments then no longer match).
+
+The reply format is always described in the prompt itself, whatever the server supports, so the
+messages (and with them the cache key) do not depend on which response_format the server took.
+
+Prompts follow the published judges in spirit (our own wording):
+- `detail`: VideoDetailCaption / Video Detail Description's detail-orientation score, 0-5.
+- `vcgpt-*`: Video-ChatGPT's five criteria, one request each, 0-5 each.
+- `vdc-answer` + `vdc-score`: VDCscore. The judge answers each reference question from the
+  caption alone, then marks the answer against the reference answer: yes/no plus 0-5.
+"""
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+
+Messages = list[dict[str, str]]
+
+SCORE_0_5 = {"type": "integer", "enum": [0, 1, 2, 3, 4, 5]}
+
+
+def _object_schema(properties: dict) -> dict:
+    # additionalProperties false + every key required: what strict json_schema mode demands.
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Identity of a prompt: its name, version (bump on any wording change) and reply schema."""
+
+    name: str
+    version: str
+    schema: dict
+    example: str  # the reply format as shown to the judge
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.version}"
+
+
+DETAIL = PromptSpec("detail", "v1", _object_schema({"score": SCORE_0_5}), '{"score": 4}')
+VDC_ANSWER = PromptSpec("vdc-answer", "v1", _object_schema({"answer": {"type": "string"}}), '{"answer": "a short answer"}')
+VDC_SCORE = PromptSpec(
+    "vdc-score", "v1",
+    _object_schema({"pred": {"type": "string", "enum": ["yes", "no"]}, "score": SCORE_0_5}),
+    '{"pred": "yes", "score": 4}',
+)
+
+# Video-ChatGPT criterion -> what the judge is told to look at.
+VCGPT_CRITERIA = {
+    "correctness": "Correctness of information: is every statement in the prediction true according to "
+    "the reference? Penalise any wrong object, attribute, action or count; synonyms are fine.",
+    "detail": "Detail orientation: does the prediction cover all the main points of the reference, "
+    "with specific details rather than generic ones?",
+    "context": "Contextual understanding: does the prediction fit the overall context of the video as "
+    "the reference describes it, without irrelevant or out-of-place content?",
+    "temporal": "Temporal understanding: does the prediction describe the events in the same order and "
+    "with the same timing as the reference?",
+    "consistency": "Consistency: is the prediction consistent with itself and with the reference, never "
+    "stating two facts that contradict each other or the reference?",
+}
+VCGPT = {c: PromptSpec(f"vcgpt-{c}", "v1", _object_schema({"score": SCORE_0_5}), '{"score": 4}') for c in VCGPT_CRITERIA}
+
+_EVALUATOR = (
+    "You are a careful evaluator of video descriptions. You never see the video: you compare a "
+    "predicted description with a reference description written by a person who watched it."
+)
+
+
+def _reply_instruction(spec: PromptSpec) -> str:
+    schema = json.dumps(spec.schema, sort_keys=True)
+    return (
+        f"Reply with only a JSON object, for example {spec.example}, following this JSON schema: "
+        f"{schema}. Do not write anything else."
+    )
+
+
+def detail_messages(question: str, reference: str, caption: str) -> Messages:
+    """Detail orientation of `caption` against `reference`, 0-5 (VideoDetailCaption / VDD)."""
+    system = (
+        f"{_EVALUATOR} Judge the detail orientation of the prediction:\n"
+        "- Does it cover every main point of the reference, leaving out no key aspect?\n"
+        "- Are its details specific and tied to the video, rather than generic?\n"
+        "- Synonyms and paraphrases count as matches; facts that contradict the reference do not.\n"
+        "Give one integer score from 0 (no relevant detail) to 5 (complete and specific)."
+    )
+    user = f"Question: {question}\nReference answer: {reference}\nPredicted answer: {caption}\n\n{_reply_instruction(DETAIL)}"
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def vcgpt_messages(criterion: str, question: str, reference: str, caption: str) -> Messages:
+    """One of Video-ChatGPT's five criteria for `caption` against `reference`, 0-5."""
+    if criterion not in VCGPT_CRITERIA:
+        raise ValueError(f"criterion={criterion!r}; allowed: {', '.join(VCGPT_CRITERIA)}")
+    system = (
+        f"{_EVALUATOR} Judge one criterion only.\n{VCGPT_CRITERIA[criterion]}\n"
+        "Synonyms and paraphrases count as matches. Give one integer score from 0 (worst) to 5 (best)."
+    )
+    user = (
+        f"Question: {question}\nReference answer: {reference}\nPredicted answer: {caption}\n\n"
+        f"{_reply_instruction(VCGPT[criterion])}"
+    )
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def vdc_answer_messages(caption: str, question: str) -> Messages:
+    """VDCscore stage 1: answer a reference question from the caption alone."""
+    system = (
+        "You answer questions about a video using only a written description of it. Answer from the "
+        "description alone; if it does not say, answer that it is not mentioned. Keep answers to a "
+        "short phrase."
+    )
+    user = f"Description: {caption}\nQuestion: {question}\n\n{_reply_instruction(VDC_ANSWER)}"
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def vdc_score_messages(question: str, answer: str, predicted: str) -> Messages:
+    """VDCscore stage 2: does the predicted answer match the reference answer? yes/no and 0-5."""
+    system = (
+        "You check answers to questions about a video. Compare the predicted answer with the correct "
+        "answer: synonyms and paraphrases match; a different fact or 'not mentioned' does not. Say "
+        "'yes' if they match and 'no' otherwise, and give an integer score from 0 (no match) to 5 "
+        "(exact match in meaning)."
+    )
+    user = (
+        f"Question: {question}\nCorrect answer: {answer}\nPredicted answer: {predicted}\n\n"
+        f"{_reply_instruction(VDC_SCORE)}"
+    )
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def all_specs() -> dict[str, PromptSpec]:
+    """Every prompt by name, for reports (which versions judged a run)."""
+    specs = [DETAIL, VDC_ANSWER, VDC_SCORE, *VCGPT.values()]
+    return {s.name: s for s in specs}
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading replies. Weak or older judges wrap JSON in prose or code fences, use Python-dict quotes
+# ({'score': 4}, as lmms-eval's own prompts ask for) or give numbers as strings; all of that is
+# accepted. Anything else is a parse failure, which the caller records as missing, never as 0.
+
+
+def extract_json(text: str) -> object | None:
+    """The reply as JSON, else the first {...} in it that parses (JSON or a Python literal)."""
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    start = text.find("{")
+    while start != -1:
+        end = text.find("}", start)
+        while end != -1:  # shortest candidate first: the first complete object wins
+            found = _loads_lenient(text[start : end + 1])
+            if found is not None:
+                return found
+            end = text.find("}", end + 1)
+        start = text.find("{", start + 1)
+    return None
+
+
+def _loads_lenient(candidate: str) -> dict | None:
+    try:
+        value = json.loads(candidate)
+    except json.JSONDecodeError:
+        try:
+            value = ast.literal_eval(candidate)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    return value if isinstance(value, dict) else None
+
+
+def coerce(schema: dict, value: object, where: str = "reply") -> object:
+    """`value` checked against our (small) schema subset and normalised; ValueError if it fails."""
+    kind = schema.get("type")
+    if kind == "object":
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
+        missing = [k for k in schema.get("required", []) if k not in value]
+        if missing:
+            raise ValueError(f"{where}: missing key(s) {missing}")
+        return {k: coerce(sub, value[k], f"{where}.{k}") for k, sub in schema["properties"].items() if k in value}
+    if kind == "integer":
+        number = _as_integer(value, where)
+        if "enum" in schema and number not in schema["enum"]:
+            raise ValueError(f"{where}: {number} not in {schema['enum']}")
+        return number
+    if kind == "string":
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: expected a string, got {type(value).__name__}")
+        text = value.strip()
+        if "enum" in schema:
+            text = text.lower()
+            if text not in schema["enum"]:
+                raise ValueError(f"{where}: {value!r} not in {schema['enum']}")
+        return text
+    raise ValueError(f"schema type {kind!r} is not supported; use object, integer or string")
+
+
+def _as_integer(value: object, where: str) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: expected an integer, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    raise ValueError(f"{where}: expected an integer, got {value!r}")
+
+
+def parse_reply(spec: PromptSpec, text: str) -> dict:
+    """The validated reply of prompt `spec`; ValueError saying why it does not parse."""
+    found = extract_json(text)
+    if found is None:
+        raise ValueError(f"{spec.key}: no JSON object in the reply")
+    return coerce(spec.schema, found, spec.name)  # type: ignore[return-value]

@@ -1,0 +1,241 @@
+"""What every model family shares: the decode state, tree-masked forwards and cache operations.
+
+A family backend (qwen2_5_vl.py, llava_onevision.py) supplies only what differs: how a prompt
+and its video become model inputs, which positions a token at a given sequence index gets, and
+where the language model's layers are. Everything the decoding loop calls is defined here:
+
+    state = backend.prefill(inputs)                # prompt -> cache; first token pending
+    logits, hidden = backend.forward(state, ...)   # append temporary entries with a tree mask
+    backend.keep(state, temp_indices)              # keep some temporary entries, drop the rest
+    scores = backend.score(state, draft)           # pending + draft tree in one forward
+    backend.commit(state, verdict)                 # keep the accepted path, queue the rest
+
+Cache slots and positions are separate on purpose: a pruned draft (SpecVLM) holds fewer cache
+entries than the target but gives its tokens the same positions (`next_pos` counts sequence
+indices of the full, unpruned sequence).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from transformers import DynamicCache
+
+from ..decoding import tree
+from . import attention
+from ..decoding.types import Draft, Scores, Verdict
+
+FINAL = -1  # hidden-layer key for the final normalised hidden state (what the LM head reads)
+
+
+@dataclass
+class PreparedInputs:
+    """A tokenised prompt with its visual inputs, ready for prefill."""
+
+    input_ids: torch.Tensor  # [1, seq_len]
+    visual_mask: torch.Tensor  # [seq_len] bool: which positions hold visual tokens
+    model_kwargs: dict  # family-specific visual inputs (pixel values, grids, ...)
+    positions: torch.Tensor | None = None  # family-specific full-sequence position ids
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_visual_tokens(self) -> int:
+        return int(self.visual_mask.sum())
+
+    @property
+    def visual_span(self) -> tuple[int, int]:
+        """[first, last + 1) of the visual tokens (0, 0 when there are none)."""
+        idx = self.visual_mask.nonzero().flatten()
+        return (int(idx[0]), int(idx[-1]) + 1) if idx.numel() else (0, 0)
+
+
+@dataclass
+class DecodeState:
+    """One model's view of a sequence being decoded."""
+
+    cache: DynamicCache
+    cache_len: int  # committed cache entries; entries beyond are temporary
+    next_pos: int  # sequence index (in the unpruned sequence) of the first pending token
+    pending: list[int]  # committed tokens whose KV entries are not computed yet
+    temp_len: int = 0
+    visual_hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [num_visual, hidden]
+    extra: dict = field(default_factory=dict)  # family-specific (e.g. Qwen's rope delta)
+
+
+def additive_mask(num_committed: int, visible: torch.Tensor, dtype, device) -> torch.Tensor:
+    """[1, 1, m, num_committed + t] float mask: 0 where visible, the dtype's min elsewhere.
+
+    Committed entries are visible to all; `visible` [m, t] covers the entries after them.
+    """
+    m, t = visible.shape
+    mask = torch.full((1, 1, m, num_committed + t), torch.finfo(dtype).min, dtype=dtype, device=device)
+    mask[..., :num_committed] = 0
+    mask[0, 0, :, num_committed:] = mask[0, 0, :, num_committed:].masked_fill(visible.to(device), 0)
+    return mask
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Keep the first `length` entries of every layer (DynamicCache.crop wants a negative count)."""
+    for layer in cache.layers:
+        if layer.keys is not None and layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[:, :, :length]
+            layer.values = layer.values[:, :, :length]
+
+
+class Backend:
+    """Base class; subclasses implement `prepare`, `_visual_embeds`, `position_ids`, `text_model`."""
+
+    def __init__(self, model, tokenizer, device: torch.device | str = "cpu"):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        eos = eos if eos is not None else tokenizer.eos_token_id
+        self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
+
+    # ---- family hooks -------------------------------------------------------------------------
+    def prepare(self, prompt: str, videos: list) -> PreparedInputs:
+        raise NotImplementedError
+
+    def text_model(self) -> torch.nn.Module:
+        """The decoder stack: has `.layers` and `.norm`."""
+        raise NotImplementedError
+
+    def input_embeds(self, inputs: PreparedInputs) -> torch.Tensor:
+        """[1, seq_len, hidden] embeddings with visual features scattered in."""
+        raise NotImplementedError
+
+    def position_ids(self, state_extra: dict, seq_index: torch.Tensor) -> torch.Tensor:
+        """Position ids in the layout the model's forward takes, for text tokens at `seq_index`."""
+        raise NotImplementedError
+
+    def prefill_positions(self, inputs: PreparedInputs) -> torch.Tensor:
+        """Position ids for the whole prompt; last dim indexes the sequence."""
+        raise NotImplementedError
+
+    def init_extra(self, inputs: PreparedInputs) -> dict:
+        return {}
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.text_model().layers)
+
+    # ---- hidden states ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def capture_hidden(self, layers) -> Iterator[dict[int, torch.Tensor]]:
+        """Record the output of the given layers (1-based; FINAL = after the final norm)."""
+        captured: dict[int, torch.Tensor] = {}
+        handles = []
+        text = self.text_model()
+        for layer in set(layers):
+            module = text.norm if layer == FINAL else text.layers[layer - 1]
+
+            def hook(_mod, _inp, out, layer=layer):
+                captured[layer] = (out[0] if isinstance(out, tuple) else out)[0]
+
+            handles.append(module.register_forward_hook(hook))
+        try:
+            yield captured
+        finally:
+            for h in handles:
+                h.remove()
+
+    # ---- prefill ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, inputs: PreparedInputs, hidden_layers=(), keep_visual: torch.Tensor | None = None,
+                visual_attention: bool = False) -> tuple[DecodeState, torch.Tensor]:
+        """Run the prompt; return the state and the logits [vocab] of the first generated token.
+
+        keep_visual: indices (into the visual tokens) to keep; the others are dropped from the
+        cache while every kept token keeps its original position (SpecVLM's pruned draft).
+        visual_attention: run the prompt in two parts, up to the last visual token and the text
+        after it, and record in state.extra["visual_attention"] the attention the second part
+        pays to each visual token (SpecVLM's pruning scores).
+        hidden_layers: record the visual tokens' hidden states at these layers.
+        """
+        embeds, positions = self.input_embeds(inputs), self.prefill_positions(inputs)
+        seq_len = embeds.shape[1]
+        vmask = inputs.visual_mask.to(embeds.device)
+        if keep_visual is not None:
+            keep_mask = ~vmask
+            keep_mask[vmask.nonzero().flatten()[keep_visual.to(embeds.device)]] = True
+            embeds, positions = embeds[:, keep_mask], positions[..., keep_mask]
+        cache = DynamicCache(config=self.model.config.get_text_config())
+        start, end = inputs.visual_span
+        split = end if visual_attention and 0 < end < seq_len and keep_visual is None else None
+        bounds = [0, embeds.shape[1]] if split is None else [0, split, embeds.shape[1]]
+        state = DecodeState(cache=cache, cache_len=embeds.shape[1], next_pos=seq_len, pending=[],
+                            extra=self.init_extra(inputs))
+        with self.capture_hidden(hidden_layers) as hidden:
+            parts = []
+            for lo, hi in zip(bounds[:-1], bounds[1:]):
+                collect = (attention.collect_visual_attention(self.text_model().config, start, end)
+                           if lo == split else contextlib.nullcontext())
+                # An explicit mask for the collected part: the collector reads it, and it keeps every
+                # attention implementation on the same (sdpa) path there.
+                mask = (additive_mask(lo, torch.ones(hi - lo, hi - lo, dtype=torch.bool).tril(),
+                                      self.model.dtype, self.device) if lo == split else None)
+                with collect as col:
+                    out = self.text_model()(inputs_embeds=embeds[:, lo:hi], position_ids=positions[..., lo:hi],
+                                            attention_mask=mask, past_key_values=cache, use_cache=True)
+                if col is not None:
+                    state.extra["visual_attention"] = col.scores()
+                parts.append({k: v.clone() for k, v in hidden.items()})
+        if hidden_layers and end and keep_visual is None:
+            for layer in hidden_layers:
+                state.visual_hidden[layer] = torch.cat([p[layer] for p in parts])[vmask]
+        return state, self.lm_head(out.last_hidden_state[:, -1])[0]
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(hidden).float()
+
+    # ---- tree-masked forwards and cache operations ---------------------------------------------
+    @torch.no_grad()
+    def forward(self, state: DecodeState, tokens: torch.Tensor, pos_offsets: torch.Tensor,
+                visible: torch.Tensor, hidden_layers=()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Append `tokens` as temporary cache entries and return their logits [m, vocab].
+
+        pos_offsets: [m] sequence offsets from state.next_pos. visible: [m, temp_len + m] bool,
+        which temporary entries (earlier ones, then these) each token sees; committed entries are
+        always visible. Float additive masks with explicit positions keep tree scoring exact.
+        """
+        m = tokens.numel()
+        mask = additive_mask(state.cache_len, visible, self.model.dtype, self.device)
+        positions = self.position_ids(state.extra, state.next_pos + pos_offsets.to(self.device))
+        with self.capture_hidden(hidden_layers) as hidden:
+            out = self.text_model()(input_ids=tokens.view(1, -1).to(self.device), position_ids=positions,
+                                    attention_mask=mask, past_key_values=state.cache, use_cache=True)
+        state.temp_len += m
+        return self.lm_head(out.last_hidden_state[0]), dict(hidden)
+
+    def keep(self, state: DecodeState, temp_indices: list[int]) -> None:
+        """Commit the given temporary entries (in order) into contiguous slots; drop the others."""
+        start = state.cache_len
+        if temp_indices != list(range(len(temp_indices))):
+            idx = torch.tensor([start + i for i in temp_indices], device=self.device)
+            for layer in state.cache.layers:
+                dst = slice(start, start + len(temp_indices))
+                layer.keys[:, :, dst] = layer.keys.index_select(2, idx)
+                layer.values[:, :, dst] = layer.values.index_select(2, idx)
+        crop_cache(state.cache, start + len(temp_indices))
+        state.cache_len = start + len(temp_indices)
+        state.next_pos += len(temp_indices)
+        state.temp_len = 0
+
+    def score(self, state: DecodeState, draft: Draft, hidden_layers=()) -> Scores:
+        """One forward over the pending tokens and the draft tree (root = last pending token)."""
+        if not state.pending:
+            raise ValueError("score() needs at least one pending token (the root)")
+        p = len(state.pending)
+        tokens = torch.cat([torch.tensor(state.pending, dtype=torch.long), draft.tokens.cpu()])
+        offsets, visible = tree.pending_and_tree_layout(p, draft.parents.cpu())
+        logits, hidden = self.forward(state, tokens, offsets, visible, hidden_layers)
+        return Scores(logits=logits[p - 1:], hidden=hidden, num_pending=p)
+
+    def commit(self, state: DecodeState, verdict: Verdict) -> None:
+        """After score(): keep pending + the cached part of the accepted path; queue the rest."""
+        p = len(state.pending)
+        self.keep(state, list(range(p)) + [p + i for i in verdict.path[: verdict.num_cached]])
+        state.pending = list(verdict.tokens[verdict.num_cached:])

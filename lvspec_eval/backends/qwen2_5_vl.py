@@ -1,0 +1,81 @@
+"""Qwen2.5-VL: prompt with video placeholders, pixel preprocessing, and M-RoPE positions.
+
+Positions (transformers 5 pitfalls, DESIGN.md): the prompt's 3-D positions come from the
+model's own `get_rope_index` with `mm_token_type_ids` (without it the model silently falls back
+to 1-D positions); every later text token at sequence index s gets (s + delta) on all three axes,
+where delta = max prompt position + 1 - prompt length. Tree nodes get the position of the slot
+they would occupy, so tree verification equals sequential decoding.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..demo.data import expand_video_tokens
+from .base import Backend, PreparedInputs
+from .qwen_vision import VisionPreprocessConfig, preprocess_video
+
+
+class QwenVLBackend(Backend):
+    def __init__(self, model, tokenizer, device="cpu", preprocess: VisionPreprocessConfig | None = None):
+        super().__init__(model, tokenizer, device)
+        vc = model.config.vision_config
+        self.preprocess = preprocess or VisionPreprocessConfig(
+            patch_size=vc.patch_size, temporal_patch_size=vc.temporal_patch_size, merge_size=vc.spatial_merge_size)
+        self.video_token_id = model.config.video_token_id
+
+    def text_model(self):
+        return self.model.model.language_model
+
+    def prepare(self, prompt: str, videos: list) -> PreparedInputs:
+        """videos: list of (frames uint8 [T, H, W, 3], fps). One video per prompt."""
+        if len(videos) > 1:
+            raise ValueError(f"one video per prompt is supported, got {len(videos)}")
+        content = ([{"type": "video"}] if videos else []) + [{"type": "text", "text": prompt}]
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                                  add_generation_prompt=True, tokenize=False)
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        kwargs: dict = {}
+        if videos:
+            frames, fps = videos[0]
+            pixels = preprocess_video(frames, fps, self.preprocess)
+            ids = expand_video_tokens(ids, self.video_token_id, pixels.num_visual_tokens)
+            kwargs = {"pixel_values_videos": pixels.pixel_values.to(self.device, self.model.dtype),
+                      "video_grid_thw": pixels.grid_thw.to(self.device),
+                      "second_per_grid_ts": torch.tensor([pixels.second_per_grid], device=self.device)}
+        input_ids = torch.tensor([ids], device=self.device)
+        visual = input_ids[0] == self.video_token_id
+        inputs = PreparedInputs(input_ids=input_ids, visual_mask=visual.cpu(), model_kwargs=kwargs)
+        inputs.positions, inputs.extra["rope_delta"] = self._rope(inputs)
+        return inputs
+
+    def _rope(self, inputs: PreparedInputs) -> tuple[torch.Tensor, int]:
+        ids = inputs.input_ids
+        if not inputs.model_kwargs:
+            pos = torch.arange(ids.shape[1], device=self.device).view(1, 1, -1).expand(3, 1, -1)
+            return pos, 0
+        pos, delta = self.model.model.get_rope_index(
+            ids, mm_token_type_ids=(ids == self.video_token_id).int() * 2,
+            video_grid_thw=inputs.model_kwargs["video_grid_thw"],
+            second_per_grid_ts=inputs.model_kwargs["second_per_grid_ts"])
+        return pos, int(delta.flatten()[0])
+
+    def visual_features(self, inputs: PreparedInputs) -> torch.Tensor:
+        """[num_visual, hidden] merged visual tokens for the whole video."""
+        kw = inputs.model_kwargs
+        return self.model.model.visual(kw["pixel_values_videos"], grid_thw=kw["video_grid_thw"]).pooler_output
+
+    def input_embeds(self, inputs: PreparedInputs) -> torch.Tensor:
+        embeds = self.model.model.get_input_embeddings()(inputs.input_ids)
+        if inputs.num_visual_tokens:
+            feats = self.visual_features(inputs).to(embeds.dtype)
+            embeds = embeds.masked_scatter(inputs.visual_mask.to(self.device)[None, :, None], feats)
+        return embeds
+
+    def prefill_positions(self, inputs: PreparedInputs) -> torch.Tensor:
+        return inputs.positions
+
+    def init_extra(self, inputs: PreparedInputs) -> dict:
+        return {"rope_delta": inputs.extra["rope_delta"]}
+
+    def position_ids(self, state_extra: dict, seq_index: torch.Tensor) -> torch.Tensor:
+        return (seq_index + state_extra["rope_delta"]).view(1, 1, -1).expand(3, 1, -1)

@@ -1,0 +1,136 @@
+"""`lvspec-eval check SUMMARY.json`: the CI gate on a report's summary.json.
+
+A row fails when (the baseline row, vanilla, is exempt from the first and third rule):
+- its retention lower bound is under --min-retention (an unknown bound fails: no evidence);
+- it is lossless but its exact_match_rate is below 1.0 (an exact method changed an output);
+- --min-speedup is given and its decode_speedup is under it;
+- --baseline OLD.json is given and, for the row of the same task and method there, decode or
+  e2e speedup, quality or retention fell by more than --tolerance (relative: 0.05 = 5 %).
+Each failure prints one line naming method, task and figure; the exit code is then 1. Otherwise
+it prints a short OK table and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+SUMMARY_VERSION = 1
+REGRESSION_FIGURES = ("decode_speedup", "e2e_speedup", "quality", "retention")
+
+
+@dataclass(frozen=True)
+class Gate:
+    min_retention: float = 0.99
+    min_speedup: float | None = None
+    tolerance: float = 0.05
+
+
+def load_summary(path: Path) -> dict:
+    summary = json.loads(Path(path).read_text(encoding="utf-8"))
+    if summary.get("version") != SUMMARY_VERSION:
+        raise ValueError(f"{path}: summary version {summary.get('version')!r}; supported: {SUMMARY_VERSION}")
+    return summary
+
+
+def _known(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _fmt(x) -> str:
+    return f"{x:.4g}" if _known(x) else "unknown"
+
+
+def row_failures(row: dict, baseline: str, gate: Gate) -> list[str]:
+    """The figures of one row that miss the bars (no baseline summary involved)."""
+    name = f"{row['method']} on {row['task']}"
+    out = []
+    if row["method"] != baseline:
+        lo = (row.get("retention_ci") or [None, None])[0]
+        if not (_known(lo) and lo >= gate.min_retention):
+            out.append(f"FAIL {name}: retention lower bound {_fmt(lo)} < {gate.min_retention:g} (n={row.get('n')})")
+        speed = row.get("decode_speedup")
+        if gate.min_speedup is not None and not (_known(speed) and speed >= gate.min_speedup):
+            out.append(f"FAIL {name}: decode_speedup {_fmt(speed)} < {gate.min_speedup:g}")
+    match = row.get("exact_match_rate")
+    if row.get("lossless") and not (_known(match) and match >= 1.0):
+        out.append(f"FAIL {name}: lossless method has exact_match_rate {_fmt(match)} < 1.0")
+    return out
+
+
+def regressions(row: dict, old: dict, tolerance: float) -> list[str]:
+    """Figures that fell by more than `tolerance` (relative) since the old summary's row."""
+    out = []
+    for figure in REGRESSION_FIGURES:
+        new_value, old_value = row.get(figure), old.get(figure)
+        if not _known(old_value):
+            continue
+        bar = old_value * (1.0 - tolerance)
+        if not (_known(new_value) and new_value >= bar):
+            out.append(
+                f"FAIL {row['method']} on {row['task']}: {figure} {_fmt(new_value)} regressed from {_fmt(old_value)} "
+                f"(allowed down to {_fmt(bar)}, tolerance {tolerance:g})"
+            )
+    return out
+
+
+def check_summary(summary: dict, gate: Gate, old: dict | None = None) -> tuple[list[str], list[str]]:
+    """(failures, notes). A row of the old summary missing from the new one is a note, not a
+    failure: a smaller run may leave methods out on purpose."""
+    rows = summary.get("rows") or []
+    failures = [] if rows else ["FAIL summary: no rows (did the report find any runs?)"]
+    baseline = summary.get("baseline", "vanilla")
+    for row in rows:
+        failures += row_failures(row, baseline, gate)
+    notes = []
+    if old is not None:
+        new_rows = {(r["task"], r["method"]): r for r in rows}
+        for old_row in old.get("rows") or []:
+            key = (old_row["task"], old_row["method"])
+            if key in new_rows:
+                failures += regressions(new_rows[key], old_row, gate.tolerance)
+            else:
+                notes.append(f"note: {key[1]} on {key[0]} is in the baseline summary but not in this one")
+    return failures, notes
+
+
+def ok_table(summary: dict) -> str:
+    lines = [f"{'task':<20} {'method':<28} {'retention lo':>12} {'exact':>7} {'decode x':>9}"]
+    for r in summary.get("rows") or []:
+        lo = (r.get("retention_ci") or [None])[0]
+        lines.append(f"{r['task']:<20} {r['method']:<28} {_fmt(lo):>12} {_fmt(r.get('exact_match_rate')):>7} {_fmt(r.get('decode_speedup')):>9}")
+    return "\n".join(lines)
+
+
+def _validate(args: argparse.Namespace) -> Gate:
+    if not 0.0 <= args.tolerance < 1.0:
+        raise ValueError(f"--tolerance {args.tolerance}; allowed: 0 <= tolerance < 1 (0.05 = 5 %)")
+    if not 0.0 < args.min_retention <= 2.0:
+        raise ValueError(f"--min-retention {args.min_retention}; allowed: 0 < value <= 2 (0.99 = 99 %)")
+    return Gate(min_retention=args.min_retention, min_speedup=args.min_speedup, tolerance=args.tolerance)
+
+
+def _run(args: argparse.Namespace) -> int:
+    gate = _validate(args)
+    summary = load_summary(args.summary)
+    old = load_summary(args.baseline) if args.baseline else None
+    failures, notes = check_summary(summary, gate, old)
+    for line in failures + notes:
+        print(line)
+    if failures:
+        return 1
+    print(f"OK: {len(summary['rows'])} rows pass (min retention {gate.min_retention:g})")
+    print(ok_table(summary))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("check", help="CI gate: fail when retention, losslessness or speed miss the bars")
+    p.add_argument("summary", type=Path, metavar="SUMMARY.json", help="summary.json written by `lvspec-eval report`")
+    p.add_argument("--min-retention", type=float, default=0.99, help="lowest allowed retention lower bound")
+    p.add_argument("--min-speedup", type=float, default=None, help="lowest allowed decode speedup (non-baseline rows)")
+    p.add_argument("--baseline", type=Path, default=None, metavar="OLD.json", help="an earlier summary.json to detect regressions")
+    p.add_argument("--tolerance", type=float, default=0.05, help="allowed relative drop against --baseline")
+    p.set_defaults(func=_run)

@@ -1,0 +1,119 @@
+"""The named methods: each is a drafter and a verifier (plus tree and pruning settings).
+
+    vanilla  = no drafter            + exact
+    sd_tree  = model drafter         + exact     (SPEC.md section 2)
+    specvlm  = pruned model drafter  + exact     (section 3)
+    sparrow  = Sparrow head          + exact     (section 4)
+    fly      = pruned model drafter  + fly       (section 5; chain drafts)
+    lvspec   = pruned model drafter  + lvspec    (section 6)
+    custom   = drafter=<name>, verifier=<name>   (any combination)
+
+A new method is a new drafter or verifier registered below plus one line in METHODS.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields
+from typing import Callable
+
+from .drafters.model import ModelDrafter, NoDrafter
+from .pruning import PruneConfig
+from .tree import TreeConfig
+from .verifiers.exact import ExactVerifier
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    drafter: str
+    verifier: str
+    defaults: dict = field(default_factory=dict)  # option defaults this method changes
+
+
+METHODS: dict[str, MethodSpec] = {
+    "vanilla": MethodSpec("none", "exact"),
+    "sd_tree": MethodSpec("model", "exact"),
+    "specvlm": MethodSpec("pruned", "exact"),
+    "sparrow": MethodSpec("sparrow", "exact"),
+    "fly": MethodSpec("pruned", "fly", {"tree": "chain", "tree_depth": 15}),
+    "lvspec": MethodSpec("pruned", "lvspec"),
+}
+LOSSLESS_VERIFIERS = ("exact",)
+
+
+@dataclass
+class DecodeOptions:
+    """Every decoding knob a user can set through model_args, with its default."""
+
+    tree: str = "dynamic"  # dynamic | static | chain
+    tree_depth: int = 5
+    tree_topk: int = 8
+    tree_total: int = 48
+    tree_static: str = "specvlm26"
+    prune_ratio: float = 0.9
+    prune_lambda: float = 0.4
+    extra: dict = field(default_factory=dict)  # verifier/drafter options (fly_*, lv_*, sparrow_*)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)} - {"extra"}
+
+    def tree_config(self) -> TreeConfig:
+        return TreeConfig(self.tree, self.tree_depth, self.tree_topk, self.tree_total, self.tree_static)
+
+    def prune_config(self) -> PruneConfig:
+        return PruneConfig(self.prune_ratio, self.prune_lambda)
+
+
+# name -> factory(options, draft_backend) ; draft_backend None means Self-SD on the target
+DRAFTERS: dict[str, Callable] = {
+    "none": lambda opts, draft: NoDrafter(),
+    "model": lambda opts, draft: ModelDrafter(opts.tree_config(), draft),
+    "pruned": lambda opts, draft: ModelDrafter(opts.tree_config(), draft, opts.prune_config()),
+}
+# name -> factory(options)
+VERIFIERS: dict[str, Callable] = {
+    "exact": lambda opts: ExactVerifier(),
+}
+
+
+def _unknown(kind: str, name: str, known) -> ValueError:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"unknown {kind} {name!r}; expected one of {', '.join(sorted(known))}.{hint}")
+
+
+def resolve(method: str, drafter: str | None = None, verifier: str | None = None) -> MethodSpec:
+    """The (drafter, verifier) pair a method name stands for; `custom` takes both explicitly."""
+    if method == "custom":
+        if not drafter or not verifier:
+            raise ValueError("method=custom needs drafter=<name> and verifier=<name>; drafters: "
+                             f"{', '.join(DRAFTERS)}; verifiers: {', '.join(VERIFIERS)}")
+        spec = MethodSpec(drafter, verifier)
+    elif method in METHODS:
+        spec = METHODS[method]
+        if drafter or verifier:
+            spec = MethodSpec(drafter or spec.drafter, verifier or spec.verifier, spec.defaults)
+    else:
+        raise _unknown("method", method, [*METHODS, "custom"])
+    if spec.drafter not in DRAFTERS:
+        raise _unknown("drafter", spec.drafter, DRAFTERS)
+    if spec.verifier not in VERIFIERS:
+        raise _unknown("verifier", spec.verifier, VERIFIERS)
+    return spec
+
+
+def make_options(spec: MethodSpec, user: dict) -> DecodeOptions:
+    """Defaults, then the method's own defaults, then what the user set (already typed)."""
+    values = {**spec.defaults, **user}
+    known = DecodeOptions.field_names()
+    return DecodeOptions(**{k: v for k, v in values.items() if k in known},
+                         extra={k: v for k, v in values.items() if k not in known})
+
+
+def build(spec: MethodSpec, options: DecodeOptions, draft_backend=None):
+    """(drafter, verifier) objects for one run."""
+    return DRAFTERS[spec.drafter](options, draft_backend), VERIFIERS[spec.verifier](options)
+
+
+def is_lossless(spec: MethodSpec) -> bool:
+    return spec.verifier in LOSSLESS_VERIFIERS

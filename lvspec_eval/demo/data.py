@@ -1,0 +1,84 @@
+"""Demo samples as model inputs: prompt ids with the video span, pixels, labels.
+
+Seed ranges keep splits apart: training scenes use seeds from TRAIN_SEED, held-out evaluation
+during training HELDOUT_SEED, and the lmms-eval tasks TEST_SEED (never trained on).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..backends.qwen_vision import VideoPixels, preprocess_video
+from . import models, world
+
+TRAIN_SEED = 0
+HELDOUT_SEED = 1_000_000
+TEST_SEED = 2_000_000
+
+
+def chat_prompt(tokenizer, text: str) -> str:
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def expand_video_tokens(ids: list[int], video_token_id: int, num_tokens: int) -> list[int]:
+    """Replace the single video placeholder with one placeholder per visual token."""
+    if ids.count(video_token_id) != 1:
+        raise ValueError(f"expected one video placeholder in the prompt, found {ids.count(video_token_id)}")
+    i = ids.index(video_token_id)
+    return ids[:i] + [video_token_id] * num_tokens + ids[i + 1:]
+
+
+@dataclass
+class Sample:
+    input_ids: list[int]  # prompt + answer + <|im_end|>
+    num_prompt: int  # loss is taken on the rest
+    pixels: VideoPixels
+    scene: world.Scene
+
+
+def sample_task(scene: world.Scene, rng: np.random.Generator) -> tuple[str, str]:
+    """(prompt, answer): half captions, half multiple-choice questions."""
+    if rng.random() < 0.5:
+        return world.CAPTION_PROMPT, world.make_caption(scene, seed=int(rng.integers(1 << 30)))
+    qs = world.make_questions(scene)
+    q = qs[int(rng.integers(len(qs)))]
+    return world.format_mcq(q), q["answer"]
+
+
+def make_sample(tokenizer, video_token_id: int, seed: int, num_frames: int = models.FRAMES,
+                rng: np.random.Generator | None = None, noise: float = 0.0) -> Sample:
+    scene = world.make_scene(seed)
+    rng = rng or np.random.default_rng(seed)
+    frames = world.render(scene, num_frames, models.FRAME_SIZE, models.FRAME_SIZE)
+    if noise > 0:  # mimic codec noise so the model does not rely on exact pixel values
+        frames = np.clip(frames + rng.normal(0, noise, frames.shape), 0, 255).astype(np.uint8)
+    pixels = preprocess_video(frames, models.FPS, models.DEMO_PREPROCESS)
+    prompt, answer = sample_task(scene, rng)
+    ids = tokenizer(chat_prompt(tokenizer, prompt)).input_ids
+    ids = expand_video_tokens(ids, video_token_id, pixels.num_visual_tokens)
+    answer_ids = tokenizer(answer).input_ids + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return Sample(ids + answer_ids, len(ids), pixels, scene)
+
+
+def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch; labels are -100 outside the answers."""
+    length = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), length), pad_id, dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    mask = torch.zeros_like(ids)
+    for b, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[b, :n] = torch.tensor(s.input_ids)
+        labels[b, s.num_prompt:n] = ids[b, s.num_prompt:n]
+        mask[b, :n] = 1
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "attention_mask": mask,
+        "pixel_values_videos": torch.cat([s.pixels.pixel_values for s in samples]),
+        "video_grid_thw": torch.cat([s.pixels.grid_thw for s in samples]),
+        "second_per_grid_ts": torch.tensor([s.pixels.second_per_grid for s in samples]),
+    }

@@ -1,0 +1,259 @@
+"""Training of the demo world's target and draft (`lvspec-eval build-demo`).
+
+Target: trained from scratch on captions and multiple-choice answers of procedurally generated
+scenes. An auxiliary head on the vision tower's merged tokens predicts, for each token, the
+colour, shape, size and motion of the object centred in it (training only; not part of the
+shipped model). That dense signal is what makes shape and motion learnable in about an hour on
+two CPU cores, where the language-model loss alone leaves the model ignoring the video for long.
+
+Draft: a smaller Qwen2.5-VL whose vision blocks start as a frozen copy of the target's, trained
+by distillation on the target's next-token distributions over the same kind of data (as EAGLE-
+style drafts are), so that it agrees with the target where the target is sure.
+
+Both runs log to `<work>/train_*.log`, checkpoint every few hundred steps and resume from there.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+from transformers import Qwen2_5_VLForConditionalGeneration
+
+from . import data, models, world
+from .tokenizer import save_tokenizer, train_tokenizer
+
+AUX_CLASSES = {"colour": len(world.COLOURS) + 1, "shape": len(world.SHAPES) + 1,
+               "size": len(world.SIZES) + 1, "motion": len(world.MOTIONS) + 1}
+TOKEN_PX = 28  # pixels per merged visual token side (patch 14 x merge 2)
+
+
+def aux_labels(scene: world.Scene, num_frames: int, size_px: int) -> torch.Tensor:
+    """[num_tokens, 4] class ids (0 = no object) for each merged token, raster order (t, row, col)."""
+    grid_t, grid_s = math.ceil(num_frames / 2), size_px // TOKEN_PX
+    out = torch.zeros(grid_t, grid_s, grid_s, 4, dtype=torch.long)
+    names = {"colour": list(world.COLOURS), "shape": list(world.SHAPES),
+             "size": list(world.SIZES), "motion": list(world.MOTIONS)}
+    for t in range(grid_t):
+        time_frac = min(2 * t, num_frames - 1) / max(1, num_frames - 1)
+        for obj in scene.objects:
+            if time_frac + 1e-9 < obj.appear:
+                continue
+            cx, cy = obj.position(time_frac)
+            r, c = int(cy * size_px) // TOKEN_PX, int(cx * size_px) // TOKEN_PX
+            if 0 <= r < grid_s and 0 <= c < grid_s and out[t, r, c, 0] == 0:
+                out[t, r, c] = torch.tensor([names[k].index(getattr(obj, k)) + 1 for k in names])
+    return out.reshape(-1, 4)
+
+
+class AuxHead(torch.nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden, sum(AUX_CLASSES.values()))
+
+    def loss(self, feats: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.proj(feats).split(list(AUX_CLASSES.values()), dim=-1)
+        # Empty tokens are easy and many; weigh them down so objects drive the gradient.
+        weight = torch.where(labels[:, 0] > 0, 1.0, 0.2)
+        losses = [(F.cross_entropy(lg, labels[:, i], reduction="none") * weight).sum() / weight.sum()
+                  for i, lg in enumerate(logits)]
+        return sum(losses) / len(losses)
+
+
+def _embed_inputs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(inputs_embeds, 3-D position ids, visual features) for a training batch."""
+    vid = model.config.video_token_id
+    feats = model.model.visual(batch["pixel_values_videos"], grid_thw=batch["video_grid_thw"]).pooler_output
+    ids = batch["input_ids"]
+    video_mask = ids == vid
+    embeds = model.model.get_input_embeddings()(ids).masked_scatter(video_mask[..., None], feats.to(torch.float32))
+    pos, _ = model.model.get_rope_index(
+        ids, mm_token_type_ids=video_mask.int() * 2, video_grid_thw=batch["video_grid_thw"],
+        second_per_grid_ts=batch["second_per_grid_ts"], attention_mask=batch["attention_mask"],
+    )
+    return embeds, pos, feats
+
+
+def _log(path: Path, record: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, num_scenes: int = 24, seed0: int = data.HELDOUT_SEED) -> dict:
+    """Greedy captions and MC answers on held-out scenes, scored against the scene records."""
+    from judges.oracle import score_caption  # local import: judges is a sibling package
+
+    model.eval()
+    vid = model.config.video_token_id
+    stated = correct = mc_right = mc_total = 0
+    recall = []
+    for k in range(num_scenes):
+        scene = world.make_scene(seed0 + k)
+        pixels = data.preprocess_video(world.render(scene, models.FRAMES, models.FRAME_SIZE, models.FRAME_SIZE),
+                                       models.FPS, models.DEMO_PREPROCESS)
+        questions = world.make_questions(scene)
+        q = questions[k % len(questions)]
+        for prompt in (world.CAPTION_PROMPT, world.format_mcq(q)):
+            ids = data.expand_video_tokens(tokenizer(data.chat_prompt(tokenizer, prompt)).input_ids,
+                                           vid, pixels.num_visual_tokens)
+            input_ids = torch.tensor([ids])
+            out = model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                pixel_values_videos=pixels.pixel_values, video_grid_thw=pixels.grid_thw,
+                second_per_grid_ts=torch.tensor([pixels.second_per_grid]),
+                mm_token_type_ids=(input_ids == vid).int() * 2,
+                max_new_tokens=64, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+            text = tokenizer.decode(out[0, len(ids):], skip_special_tokens=True).strip()
+            if prompt == world.CAPTION_PROMPT:
+                s = score_caption(text, scene)
+                stated += s["visual_stated"]
+                correct += s["visual_correct"]
+                recall.append(s["recall"])
+            else:
+                mc_total += 1
+                mc_right += int(text[:1] == q["answer"])
+    model.train()
+    return {"fact_accuracy": correct / max(1, stated), "recall": float(np.mean(recall)),
+            "mc_accuracy": mc_right / max(1, mc_total)}
+
+
+def _lr(step: int, steps: int, peak: float, warmup: int = 200) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup)))) * 0.95 + peak * 0.05
+
+
+def _resume(path: Path, modules: dict, opt) -> int:
+    if not path.exists():
+        return 0
+    state = torch.load(path, weights_only=False)
+    for name, mod in modules.items():
+        mod.load_state_dict(state[name])
+    opt.load_state_dict(state["opt"])
+    return state["step"]
+
+
+def _checkpoint(path: Path, modules: dict, opt, step: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({**{k: m.state_dict() for k, m in modules.items()}, "opt": opt.state_dict(), "step": step}, tmp)
+    tmp.replace(path)
+
+
+def load_or_train_tokenizer(out: Path):
+    from transformers import AutoTokenizer
+
+    if (out / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(out)
+    tok = train_tokenizer()
+    save_tokenizer(tok, out)
+    return tok
+
+
+def train_target(work: Path, out: Path, steps: int, batch_size: int = 16, lr: float = 1.5e-3,
+                 eval_every: int = 500, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    tok = load_or_train_tokenizer(out / "tokenizer")
+    model = Qwen2_5_VLForConditionalGeneration(models.target_config(tok)).float()
+    aux = AuxHead(model.config.text_config.hidden_size)
+    params = list(model.parameters()) + list(aux.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    ckpt, log = work / "target.ckpt", work / "train_target.log"
+    start = _resume(ckpt, {"model": model, "aux": aux}, opt)
+    model.train()
+    rng = np.random.default_rng(seed + start)
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc="target", mininterval=5)
+    t0 = time.time()
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, steps, lr)
+        seeds = range(data.TRAIN_SEED + step * batch_size, data.TRAIN_SEED + (step + 1) * batch_size)
+        samples = [data.make_sample(tok, model.config.video_token_id, s, rng=rng, noise=4.0) for s in seeds]
+        batch = data.collate(samples, tok.pad_token_id)
+        labels_aux = torch.cat([aux_labels(s.scene, models.FRAMES, models.FRAME_SIZE) for s in samples])
+        embeds, pos, feats = _embed_inputs(model, batch)
+        out_ = model(inputs_embeds=embeds, position_ids=pos, attention_mask=batch["attention_mask"],
+                     labels=batch["labels"])
+        aux_loss = aux.loss(feats, labels_aux)
+        loss = out_.loss + aux_loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % 25 == 0:
+            rate = (step + 1 - start) * batch_size / (time.time() - t0)
+            bar.set_postfix(lm=f"{out_.loss.item():.3f}", aux=f"{aux_loss.item():.3f}", sps=f"{rate:.1f}")
+            _log(log, {"step": step, "lm_loss": out_.loss.item(), "aux_loss": aux_loss.item(),
+                       "samples_per_s": rate, "time": time.time()})
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            _checkpoint(ckpt, {"model": model, "aux": aux}, opt, step + 1)
+            _log(log, {"step": step + 1, "eval": evaluate(model, tok), "time": time.time()})
+            model.save_pretrained(work / "target_latest", safe_serialization=True)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out / "target", safe_serialization=True)
+    tok.save_pretrained(out / "target")
+    return out / "target"
+
+
+def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size: int = 16,
+                lr: float = 2e-3, temperature: float = 1.0, eval_every: int = 500, seed: int = 0) -> Path:
+    """Distil a small draft on the target's next-token distributions (soft labels)."""
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(out / "tokenizer")
+    target = Qwen2_5_VLForConditionalGeneration.from_pretrained(target_dir).float().eval()
+    draft = Qwen2_5_VLForConditionalGeneration(models.draft_config(tok)).float()
+    # Start from the target's vision blocks (same layout) and keep them frozen; train the rest.
+    own = draft.model.visual.state_dict()
+    own.update({k: v for k, v in target.model.visual.state_dict().items() if not k.startswith("merger.")})
+    draft.model.visual.load_state_dict(own)
+    for name, p in draft.model.visual.named_parameters():
+        p.requires_grad = name.startswith("merger.")
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    ckpt, log = work / "draft.ckpt", work / "train_draft.log"
+    start = _resume(ckpt, {"model": draft}, opt)
+    rng = np.random.default_rng(seed + 7 + start)
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc="draft", mininterval=5)
+    t0 = time.time()
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, steps, lr)
+        seeds = range(5_000_000 + step * batch_size, 5_000_000 + (step + 1) * batch_size)
+        samples = [data.make_sample(tok, target.config.video_token_id, s, rng=rng, noise=4.0) for s in seeds]
+        batch = data.collate(samples, tok.pad_token_id)
+        keep = batch["labels"] != -100
+        with torch.no_grad():
+            t_emb, pos, _ = _embed_inputs(target, batch)
+            t_logits = target(inputs_embeds=t_emb, position_ids=pos, attention_mask=batch["attention_mask"]).logits
+        d_emb, pos, _ = _embed_inputs(draft, batch)
+        d_logits = draft(inputs_embeds=d_emb, position_ids=pos, attention_mask=batch["attention_mask"]).logits
+        # Position i predicts token i+1: align the logits that predict answer tokens.
+        sel = keep[:, 1:]
+        t_lp = F.log_softmax(t_logits[:, :-1][sel] / temperature, -1)
+        d_lp = F.log_softmax(d_logits[:, :-1][sel] / temperature, -1)
+        loss = F.kl_div(d_lp, t_lp, log_target=True, reduction="batchmean")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % 25 == 0:
+            agree = (d_lp.argmax(-1) == t_lp.argmax(-1)).float().mean().item()
+            rate = (step + 1 - start) * batch_size / (time.time() - t0)
+            bar.set_postfix(kl=f"{loss.item():.3f}", agree=f"{agree:.3f}", sps=f"{rate:.1f}")
+            _log(log, {"step": step, "kl": loss.item(), "top1_agreement": agree, "samples_per_s": rate,
+                       "time": time.time()})
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            _checkpoint(ckpt, {"model": draft}, opt, step + 1)
+            _log(log, {"step": step + 1, "eval": evaluate(draft, tok, num_scenes=12), "time": time.time()})
+    draft.save_pretrained(out / "draft", safe_serialization=True)
+    tok.save_pretrained(out / "draft")
+    return out / "draft"

@@ -1,0 +1,489 @@
+"""`lvspec-eval report RUN... -o DIR`: the leaderboard, built only from saved results.
+
+Inputs (found recursively under each RUN folder):
+- lmms-eval's output of `--output_path RUN --log_samples`: `RUN/<model>/<date>_results.json`
+  ("results" per task with "<metric>,<filter>" keys in the task's order; "config"."model_args")
+  and `RUN/<model>/<date>_samples_<task>.jsonl` (one logged doc per line: "doc_id", the per-sample
+  value under each metric name, "filtered_resps", ...). model_args holds `method=<name>`, which
+  names the row; the run whose method is the baseline ("vanilla") is what every row is paired
+  with. When one method/task appears twice, the latest results file wins (with a warning).
+- The decode statistics JSONL written by the lvspec model: model_arg `stats_path=` (as given,
+  else relative to RUN) and any `stats*.jsonl` under RUN; records whose "method" differs from
+  the run's are ignored, so several runs may share one file. A record per sample: "task",
+  "doc_id", "method", "error", "num_new_tokens", "num_steps", "accepted_lengths", "tau",
+  "decode_s", "e2e_s", "visual_tokens", "tokens", optional "token_records", ...
+
+How figures are computed (per task and method, against the baseline):
+- Quality: mean per-sample metric over the samples both runs have (paired by doc_id). The metric
+  is the task's first in its results JSON unless `--metric task=name`. A per-sample value is a
+  number, a bool, or a dict with a numeric "score" (lmms-eval's video tasks log such dicts).
+  Retention, its BCa interval, non-inferiority and the tests come from judges/stats.py.
+- Speed: over the samples both runs timed without error. decode/e2e speedup = sum of vanilla's
+  decode_s (e2e_s) / sum of the method's; decode tokens/s = new tokens / decode seconds. tau =
+  all accepted draft tokens / all steps (bonus excluded, as the papers report it);
+  tokens_per_step = tau + 1. Failed samples still count in quality (their answer is what was
+  scored) and in "failed"; they are left out of speed.
+- Exact match: share of paired samples whose output token ids equal the baseline's
+  ("exact_match_basis": "tokens"); when a record lacks "tokens", the logged responses are
+  compared instead ("text").
+
+summary.json (read by `lvspec-eval check`; NaN is written as null):
+{"version": 1, "baseline": "vanilla", "alpha": 0.05, "n_boot": 2000,
+ "rows": [{"task", "method", "lossless": bool (vanilla, sd_tree, specvlm, sparrow, and
+   "custom:<drafter>+exact"), "n" (paired samples), "n_timed", "failed", "tau",
+   "tokens_per_step", "decode_speedup", "e2e_speedup", "decode_tokens_per_s", "quality",
+   "vanilla_quality", "metric", "retention", "retention_ci": [lo, hi], "non_inferior",
+   "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
+   "exact_match_rate", "exact_match_basis", "p_value", "p_holm", "test" ("mcnemar_exact",
+   "wilcoxon" or null for the baseline), "zero_method"}],
+ "plots": [{"name", "path" (relative to DIR), "caption"}], "warnings": [str]}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from judges import stats
+from lvspec_eval import report_html, report_plots
+
+log = logging.getLogger(__name__)
+
+LOSSLESS_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow")
+METHOD_ORDER = ("vanilla", "sd_tree", "specvlm", "sparrow", "fly", "lvspec")
+REPORTED_MARGINS = (0.01, 0.02)
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    metrics: Mapping[str, str] = field(default_factory=dict)  # task -> metric override
+    margin: float = 0.01  # the non-inferiority margin of the "non_inferior" column
+    n_boot: int = 2000
+    alpha: float = 0.05
+    seed: int = 0
+    baseline: str = "vanilla"
+    echo: bool = False  # print the table to stdout
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """One method on one task: a results file, its samples file and the matching decode stats."""
+
+    method: str
+    task: str
+    metrics: tuple[str, ...]  # metric names in the results JSON's order
+    samples: dict[str, dict]  # doc_id -> logged sample
+    stats: dict[str, dict]  # doc_id -> decode-stats record
+    source: Path  # the results file
+
+
+# ---------------------------------------------------------------------------------------- loading
+
+
+def parse_model_args(value: str | Mapping | None) -> dict[str, str]:
+    """lmms-eval keeps model_args as the CLI string "k=v,k=v" (or a dict when called from code)."""
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    pairs = [item.split("=", 1) for item in (value or "").split(",") if item.strip()]
+    return {k.strip(): v.strip() for k, v in (p if len(p) == 2 else (p[0], "") for p in pairs)}
+
+
+def is_lossless(method: str) -> bool:
+    if method.startswith("custom:"):
+        return method.rsplit("+", 1)[-1] == "exact"
+    return method in LOSSLESS_METHODS
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    out = []
+    for k, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{k}: not a JSON object ({err.msg}); expected one JSON object per line") from err
+    return out
+
+
+def metric_names(task_results: Mapping) -> tuple[str, ...]:
+    """"acc,none" -> "acc"; stderr entries and the alias are not metrics."""
+    names = [k.split(",", 1)[0] for k in task_results if k != "alias" and "_stderr" not in k and "," in k]
+    return tuple(dict.fromkeys(names))
+
+
+def stats_files(model_args: Mapping[str, str], results_path: Path, run_dir: Path) -> list[Path]:
+    """The run's stats_path (as written, else relative to RUN or to the results file) and every
+    stats*.jsonl under RUN, each once."""
+    found = sorted(run_dir.rglob("stats*.jsonl"))
+    given = model_args.get("stats_path")
+    if given:
+        candidates = [c for c in (Path(given), run_dir / given, results_path.parent / given) if c.is_file()]
+        if not candidates:
+            log.warning("%s: stats_path %s not found (also looked under %s)", results_path, given, run_dir)
+        found += candidates[:1]
+    unique = {p.resolve(): p for p in found}
+    return list(unique.values())
+
+
+def load_stats(paths: list[Path], method: str) -> dict[str, dict[str, dict]]:
+    """task -> doc_id -> record, for this method's records only (a later line wins)."""
+    out: dict[str, dict[str, dict]] = {}
+    for path in paths:
+        for rec in read_jsonl(path):
+            if rec.get("method", method) == method:
+                out.setdefault(str(rec.get("task")), {})[str(rec.get("doc_id"))] = rec
+    return out
+
+
+def load_results_file(path: Path, run_dir: Path) -> list[TaskRun]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    config = data.get("config") or {}
+    model_args = parse_model_args(config.get("model_args", data.get("model_args")))
+    method = model_args.get("method")
+    if not method:
+        raise ValueError(f"{path}: model_args {config.get('model_args')!r} has no method=<name>; expected e.g. method=vanilla")
+    decode_stats = load_stats(stats_files(model_args, path, run_dir), method)
+    date_id = path.name[: -len("_results.json")]
+    runs = []
+    for task, task_results in (data.get("results") or {}).items():
+        samples_path = path.parent / f"{date_id}_samples_{task}.jsonl"
+        if not samples_path.is_file():
+            if not (data.get("group_subtasks") or {}).get(task):  # groups have no samples of their own
+                log.warning("%s: no samples file for task %s (run lmms-eval with --log_samples)", path, task)
+            continue
+        samples = {str(s["doc_id"]): s for s in read_jsonl(samples_path)}
+        runs.append(TaskRun(method, task, metric_names(task_results), samples, decode_stats.get(task, {}), path))
+    return runs
+
+
+def discover(run_dirs: list[Path]) -> dict[tuple[str, str], TaskRun]:
+    """(task, method) -> its run; the latest results file (by name, which starts with the date)
+    wins when a method ran a task twice."""
+    runs: dict[tuple[str, str], TaskRun] = {}
+    for run_dir in map(Path, run_dirs):
+        results = sorted(run_dir.rglob("*_results.json"), key=lambda p: p.name)
+        if not results:
+            raise ValueError(f"no *_results.json under {run_dir}; give folders written by lmms-eval --output_path")
+        for path in results:
+            for run in load_results_file(path, run_dir):
+                key = (run.task, run.method)
+                if key in runs:
+                    log.warning("method %s ran task %s twice: using %s, not %s", run.method, run.task, path, runs[key].source)
+                if key not in runs or path.name >= runs[key].source.name:
+                    runs[key] = run
+    return runs
+
+
+# ------------------------------------------------------------------------------------- statistics
+
+
+def score_value(value, metric: str, where: str) -> float:
+    if isinstance(value, Mapping) and isinstance(value.get("score"), (int, float)):
+        value = value["score"]
+    if isinstance(value, (bool, int, float)) and math.isfinite(float(value)):
+        return float(value)
+    raise ValueError(f"{where}: per-sample {metric!r} is {value!r}; expected a number, a bool or a dict with a numeric 'score' (pick another with --metric TASK=NAME)")
+
+
+def sample_scores(run: TaskRun, metric: str) -> dict[str, float]:
+    out = {}
+    for doc_id, sample in run.samples.items():
+        if metric not in sample:
+            available = sorted(k for k in sample if k not in ("doc_id", "target", "resps", "filtered_resps", "doc_hash", "input", "token_counts"))
+            raise ValueError(f"{run.source}: sample {doc_id} of {run.task} has no metric {metric!r}; available: {', '.join(available)}")
+        out[doc_id] = score_value(sample[metric], metric, f"{run.source} {run.task} doc {doc_id}")
+    return out
+
+
+def timed_pairs(run: TaskRun, vanilla: TaskRun) -> list[tuple[dict, dict]]:
+    """(method record, vanilla record) for the samples both timed without error."""
+    ids = sorted(set(run.stats) & set(vanilla.stats), key=str)
+    return [(run.stats[i], vanilla.stats[i]) for i in ids if not run.stats[i].get("error") and not vanilla.stats[i].get("error")]
+
+
+def _total(records: list[dict], key: str) -> float:
+    missing = [r.get("doc_id") for r in records if r.get(key) is None]
+    if missing:
+        raise ValueError(f"decode-stats records of docs {missing[:5]} lack {key!r}; expected every field listed in lvspec_eval/report.py")
+    return float(sum(float(r[key]) for r in records))
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else float("nan")
+
+
+def _accepted(rec: dict) -> float:
+    """Draft tokens accepted over the whole sample (from tau x steps if the list is missing)."""
+    if rec.get("accepted_lengths") is not None:
+        return float(sum(rec["accepted_lengths"]))
+    return float(rec.get("tau") or 0.0) * float(rec.get("num_steps") or 0)
+
+
+def speed_fields(pairs: list[tuple[dict, dict]]) -> dict:
+    """tau pools all steps of all timed samples (a long answer weighs more, as in the papers)."""
+    method = [m for m, _ in pairs]
+    vanilla = [v for _, v in pairs]
+    tau = _ratio(sum(map(_accepted, method)), _total(method, "num_steps")) if pairs else float("nan")
+    return {
+        "n_timed": len(pairs),
+        "tau": tau,
+        "tokens_per_step": tau + 1.0,
+        "decode_speedup": _ratio(_total(vanilla, "decode_s"), _total(method, "decode_s")) if pairs else float("nan"),
+        "e2e_speedup": _ratio(_total(vanilla, "e2e_s"), _total(method, "e2e_s")) if pairs else float("nan"),
+        "decode_tokens_per_s": _ratio(_total(method, "num_new_tokens"), _total(method, "decode_s")) if pairs else float("nan"),
+    }
+
+
+def exact_match(run: TaskRun, vanilla: TaskRun, ids: tuple) -> tuple[float, str]:
+    """Token ids when every paired sample has them on both sides, else the logged responses."""
+    recs = [(run.stats.get(i) or {}, vanilla.stats.get(i) or {}) for i in ids]
+    if ids and all(m.get("tokens") is not None and v.get("tokens") is not None for m, v in recs):
+        return stats.exact_match_rate([m["tokens"] for m, _ in recs], [v["tokens"] for _, v in recs]), "tokens"
+    method_text = [_response_text(run.samples[i]) for i in ids]
+    return stats.exact_match_rate(method_text, [_response_text(vanilla.samples[i]) for i in ids]), "text"
+
+
+def _response_text(sample: dict) -> str:
+    return json.dumps(sample.get("filtered_resps", sample.get("resps")), ensure_ascii=False)
+
+
+def quality_fields(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions) -> dict:
+    paired = stats.pair_by_id(sample_scores(run, metric), sample_scores(vanilla, metric))
+    margins = sorted({*REPORTED_MARGINS, opts.margin})
+    cmp = stats.compare_quality(paired, margins=margins, n_boot=opts.n_boot, alpha=opts.alpha, seed=opts.seed)
+    by_margin = {f"{ni.margin:g}": ni.non_inferior for ni in cmp.non_inferiority}
+    rate, basis = exact_match(run, vanilla, paired.ids)
+    is_baseline = run.method == opts.baseline
+    return {
+        "n": paired.n,
+        "metric": metric,
+        "quality": float(paired.method.mean()) if paired.n else float("nan"),
+        "vanilla_quality": float(paired.vanilla.mean()) if paired.n else float("nan"),
+        "retention": cmp.retention.estimate,
+        "retention_ci": [cmp.retention.lo, cmp.retention.hi],
+        "non_inferior": by_margin[f"{opts.margin:g}"],
+        "margin": opts.margin,
+        "non_inferior_by_margin": by_margin,
+        "exact_match_rate": rate,
+        "exact_match_basis": basis,
+        "test": None if is_baseline else cmp.test.test,
+        "zero_method": None if is_baseline else cmp.test.zero_method,
+        "p_value": None if is_baseline else cmp.test.p_value,
+    }
+
+
+def method_row(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions) -> dict:
+    pairs = timed_pairs(run, vanilla)
+    if not run.stats:
+        log.warning("no decode statistics for %s on %s (give stats_path= or put stats*.jsonl in its RUN folder)", run.method, run.task)
+    row = {"task": run.task, "method": run.method, "lossless": is_lossless(run.method)}
+    row["failed"] = sum(1 for r in run.stats.values() if r.get("error"))
+    row.update(speed_fields(pairs))
+    row.update(quality_fields(run, vanilla, metric, opts))
+    return row
+
+
+def method_sort_key(method: str) -> tuple[int, str]:
+    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
+
+
+def task_rows(task: str, runs: dict[str, TaskRun], opts: ReportOptions) -> list[dict]:
+    """Rows of one task, baseline first; p-values Holm-corrected across the task's methods."""
+    vanilla = runs[opts.baseline]
+    metric = opts.metrics.get(task) or (vanilla.metrics[0] if vanilla.metrics else None)
+    if metric is None:
+        raise ValueError(f"{vanilla.source}: task {task} lists no metric; give --metric {task}=NAME")
+    rows = [method_row(runs[m], vanilla, metric, opts) for m in sorted(runs, key=method_sort_key)]
+    adjusted = stats.holm([r["p_value"] if r["p_value"] is not None else float("nan") for r in rows])
+    for row, p in zip(rows, adjusted):
+        row["p_holm"] = None if row["p_value"] is None else float(p)
+    return rows
+
+
+def build_rows(runs: dict[tuple[str, str], TaskRun], opts: ReportOptions) -> list[dict]:
+    methods = sorted({m for _, m in runs}, key=method_sort_key)
+    if opts.baseline not in methods:
+        raise ValueError(f"no run with method={opts.baseline} (the baseline); runs found: {', '.join(methods) or 'none'}")
+    tasks = sorted({t for t, _ in runs})
+    for task in sorted(set(opts.metrics) - set(tasks)):
+        log.warning("--metric names task %s, which no run has (tasks: %s)", task, ", ".join(tasks))
+    rows = []
+    for task in tasks:
+        by_method = {m: run for (t, m), run in runs.items() if t == task}
+        if opts.baseline not in by_method:
+            log.warning("task %s has no %s run: left out of the leaderboard", task, opts.baseline)
+            continue
+        rows.extend(task_rows(task, by_method, opts))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------- output
+
+
+def _num(x, fmt: str = ".3f", suffix: str = "") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:{fmt}}{suffix}"
+
+
+def _retention_cell(r: dict) -> str:
+    lo, hi = r["retention_ci"]
+    return f"{_num(r['retention'])} [{_num(lo)}, {_num(hi)}]"
+
+
+COLUMNS = (
+    ("task", lambda r: r["task"]),
+    ("method", lambda r: r["method"]),
+    ("lossless", lambda r: "yes" if r["lossless"] else "no"),
+    ("n", lambda r: str(r["n"])),
+    ("failed", lambda r: str(r["failed"])),
+    ("tau", lambda r: _num(r["tau"], ".2f")),
+    ("tokens/step", lambda r: _num(r["tokens_per_step"], ".2f")),
+    ("decode speedup", lambda r: _num(r["decode_speedup"], ".2f", "x")),
+    ("e2e speedup", lambda r: _num(r["e2e_speedup"], ".2f", "x")),
+    ("decode tok/s", lambda r: _num(r["decode_tokens_per_s"], ".1f")),
+    ("metric", lambda r: r["metric"]),
+    ("quality", lambda r: _num(r["quality"], ".4f")),
+    ("retention [95% CI]", _retention_cell),
+    ("non-inferior", lambda r: f"{'yes' if r['non_inferior'] else 'no'} @{r['margin']:.0%}"),
+    ("exact match", lambda r: _num(r["exact_match_rate"], ".1%")),
+    ("test", lambda r: r["test"] or "-"),
+    ("p", lambda r: _num(r["p_value"], ".3g")),
+    ("p (Holm)", lambda r: _num(r["p_holm"], ".3g")),
+)
+
+
+def table_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    return [h for h, _ in COLUMNS], [[cell(r) for _, cell in COLUMNS] for r in rows]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    headers, cells = table_cells(rows)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells])
+
+
+def method_note(opts: ReportOptions) -> str:
+    ci = f"{1 - opts.alpha:.0%}"
+    return (
+        f"Baseline: {opts.baseline}. Speedups are ratios of summed times over the samples both runs timed "
+        "(decode excludes prefill, pruning and draft prefill; e2e includes them). tau = accepted draft tokens "
+        "per step, bonus token excluded; tokens/step = tau + 1. Retention = mean(method) / mean(baseline) on "
+        f"paired samples with a {ci} paired BCa bootstrap interval ({opts.n_boot} resamples); non-inferior when "
+        f"its lower bound >= 1 - margin. p: McNemar exact test for 0/1 metrics, else Wilcoxon signed-rank "
+        "(zero differences split); Holm-corrected across the methods of a task."
+    )
+
+
+def markdown_page(rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions) -> str:
+    parts = ["# lvspec-eval leaderboard", "", method_note(opts), "", markdown_table(rows), ""]
+    if plots:
+        parts += ["## Plots", ""] + [f"![{p.caption}]({p.path.name})  \n{p.caption}\n" for p in plots]
+    parts += [p.markdown + "\n" for p in plots if p.markdown]
+    return "\n".join(parts)
+
+
+def json_safe(x):
+    """NaN and infinity become null: strict JSON readers reject them."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, Mapping):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
+
+
+def plot_input(rows: list[dict], runs: dict[tuple[str, str], TaskRun], opts: ReportOptions, out_dir: Path) -> report_plots.PlotInput:
+    pairs = {
+        key: timed_pairs(run, runs[(key[0], opts.baseline)]) for key, run in runs.items() if (key[0], opts.baseline) in runs
+    }
+    return report_plots.PlotInput(rows=json_safe(rows), pairs=pairs, baseline=opts.baseline, out_dir=out_dir)
+
+
+class _WarningCollector(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def make_options(options: Mapping) -> ReportOptions:
+    allowed = [f.name for f in fields(ReportOptions)]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown report option(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+    return ReportOptions(**{k: v for k, v in options.items() if v is not None})
+
+
+def write_outputs(summary: dict, rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions, out_dir: Path) -> None:
+    (out_dir / "leaderboard.md").write_text(markdown_page(rows, plots, opts), encoding="utf-8")
+    headers, cells = table_cells(rows)
+    page = report_html.render_page(
+        "lvspec-eval leaderboard", headers, cells, [(p.path, p.caption) for p in plots], [method_note(opts)] + [p.markdown for p in plots]
+    )
+    (out_dir / "leaderboard.html").write_text(page, encoding="utf-8")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+
+
+def build_report(run_dirs: list[Path], out_dir: Path, **options) -> dict:
+    """Read the runs, write leaderboard.md/.html, summary.json and the plots to out_dir, and
+    return the summary. Options: see ReportOptions."""
+    opts = make_options(options)
+    out_dir = Path(out_dir)
+    collector = _WarningCollector()
+    log.addHandler(collector)
+    try:
+        runs = discover([Path(d) for d in run_dirs])
+        rows = build_rows(runs, opts)
+        plots = report_plots.draw_all(plot_input(rows, runs, opts, out_dir))
+    finally:
+        log.removeHandler(collector)
+    summary = json_safe({
+        "version": 1, "baseline": opts.baseline, "alpha": opts.alpha, "n_boot": opts.n_boot, "rows": rows,
+        "plots": [{"name": p.name, "path": p.path.name, "caption": p.caption, **p.extra} for p in plots],
+        "warnings": collector.messages,
+    })
+    write_outputs(summary, summary["rows"], plots, opts, out_dir)
+    if opts.echo:
+        print(markdown_table(summary["rows"]))
+    return summary
+
+
+# -------------------------------------------------------------------------------------------- CLI
+
+
+def parse_metric_overrides(items: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        task, sep, metric = item.partition("=")
+        if not sep or not task or not metric:
+            raise ValueError(f"--metric {item!r}; expected TASK=METRIC, e.g. videomme=videomme_perception_score")
+        out[task] = metric
+    return out
+
+
+def _run(args: argparse.Namespace) -> int:
+    build_report(
+        args.runs, args.output, metrics=parse_metric_overrides(args.metric), margin=args.margin,
+        n_boot=args.n_boot, alpha=args.alpha, seed=args.seed, baseline=args.baseline, echo=True,
+    )
+    print(f"wrote {args.output / 'leaderboard.md'}, leaderboard.html, summary.json")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("report", help="leaderboard (markdown, HTML, plots, summary.json) from lmms-eval run folders")
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="lmms-eval --output_path folders (one per method, vanilla among them)")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="DIR")
+    p.add_argument("--metric", action="append", metavar="TASK=NAME", help="the quality metric of a task (default: its first metric)")
+    p.add_argument("--margin", type=float, default=0.01, help="non-inferiority margin (0.01 = 1%%)")
+    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of the retention interval")
+    p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence of the retention interval")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baseline", default="vanilla", help="the method every row is compared with")
+    p.set_defaults(func=_run)

@@ -1,0 +1,193 @@
+"""Plots of the leaderboard report, as a list of hooks other code can extend.
+
+A hook takes a `PlotInput` (the leaderboard rows and the per-sample decode statistics, paired
+with vanilla's) and returns `Plot`s it has written under `PlotInput.out_dir`; a hook with nothing
+to draw returns []. Add one with `PLOT_HOOKS.append(fn)`; the report embeds every plot in the
+HTML page and lists it in summary.json. Figures use matplotlib's object API (`Figure`), which
+renders with Agg and never touches pyplot's global state or needs a display.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+RecordPair = tuple[dict, dict]  # (method's decode-stats record, vanilla's) for one sample
+
+
+@dataclass(frozen=True)
+class PlotInput:
+    rows: list[dict]  # summary.json rows
+    pairs: dict[tuple[str, str], list[RecordPair]]  # (task, method) -> timed samples, paired
+    baseline: str
+    out_dir: Path
+
+
+@dataclass(frozen=True)
+class Plot:
+    name: str
+    path: Path  # the PNG, under out_dir
+    caption: str
+    markdown: str = ""  # an extra section for leaderboard.md (e.g. a list of tokens)
+    extra: dict = field(default_factory=dict)  # figures for summary.json
+
+
+PlotHook = Callable[[PlotInput], list[Plot]]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both axes (both larger is better), ordered
+    by the first coordinate."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        beaten = any(
+            (x2 >= x and y2 >= y) and (x2 > x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i
+        )
+        if not beaten:
+            front.append(i)
+    return sorted(front, key=lambda i: points[i])
+
+
+def _speedup_retention_axes(ax, rows: list[dict], task: str) -> None:
+    rows = [r for r in rows if r["retention"] is not None and r["decode_speedup"] is not None]
+    points = [(r["retention"], r["decode_speedup"]) for r in rows]
+    for r, (x, y) in zip(rows, points):
+        lo, hi = r["retention_ci"] if r["retention_ci"][0] is not None else (x, x)
+        ax.errorbar(x, y, xerr=[[x - lo], [hi - x]], fmt="o", capsize=3)
+        ax.annotate(r["method"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    front = [points[i] for i in pareto_front(points)]
+    if front:
+        ax.plot(*zip(*front), "--", color="grey", label="Pareto front")
+        ax.legend(fontsize=8)
+    ax.set_title(task)
+    ax.set_xlabel("quality retention")
+    ax.set_ylabel("decode speedup (x)")
+
+
+def speedup_vs_retention(data: PlotInput) -> list[Plot]:
+    """One panel per task: is a method's speed bought with quality?"""
+    tasks = sorted({r["task"] for r in data.rows})
+    if not tasks:
+        return []
+    fig = Figure(figsize=(4.5 * len(tasks), 4))
+    for k, task in enumerate(tasks):
+        ax = fig.add_subplot(1, len(tasks), k + 1)
+        _speedup_retention_axes(ax, [r for r in data.rows if r["task"] == task], task)
+    path = _save(fig, data.out_dir / "speedup_vs_retention.png")
+    return [Plot("speedup_vs_retention", path, "Decode speedup against quality retention (95 % BCa interval); dashed: Pareto front.")]
+
+
+def _accepted_by_method(data: PlotInput) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for (_, method), pairs in sorted(data.pairs.items()):
+        if method == data.baseline:
+            continue
+        out.setdefault(method, []).extend(int(a) for rec, _ in pairs for a in rec.get("accepted_lengths") or [])
+    return {m: v for m, v in out.items() if v}
+
+
+def tau_distribution(data: PlotInput) -> list[Plot]:
+    """Accepted draft tokens per step (bonus excluded), all tasks pooled; the mean is tau."""
+    accepted = _accepted_by_method(data)
+    if not accepted:
+        return []
+    fig = Figure(figsize=(1.6 * len(accepted) + 3, 4))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.boxplot(list(accepted.values()), showmeans=True)
+    ax.set_xticks(range(1, len(accepted) + 1), list(accepted), rotation=20)
+    ax.set_ylabel("draft tokens accepted per step")
+    ax.set_title("Accepted length per step (triangle: mean = tau)")
+    path = _save(fig, data.out_dir / "tau_distribution.png")
+    return [Plot("tau_distribution", path, "Distribution of accepted draft tokens per step (bonus token excluded).")]
+
+
+def binned_speedup(pairs: list[RecordPair], num_bins: int = 5) -> list[tuple[float, float, int]]:
+    """(median visual tokens, decode speedup, samples) per bin of vanilla's visual-token count.
+    Bins are quantiles, so each holds about as many samples; speedup is a ratio of summed times."""
+    pairs = [p for p in pairs if p[1].get("visual_tokens") is not None]
+    if not pairs:
+        return []
+    visual = np.array([float(v["visual_tokens"]) for _, v in pairs])
+    edges = np.unique(np.quantile(visual, np.linspace(0, 1, num_bins + 1)))
+    which = np.clip(np.searchsorted(edges, visual, side="right") - 1, 0, max(len(edges) - 2, 0))
+    out = []
+    for b in np.unique(which):
+        sel = [p for p, w in zip(pairs, which) if w == b]
+        method_s = sum(float(m["decode_s"]) for m, _ in sel)
+        if method_s > 0:
+            out.append((float(np.median(visual[which == b])), sum(float(v["decode_s"]) for _, v in sel) / method_s, len(sel)))
+    return out
+
+
+def speedup_vs_visual_tokens(data: PlotInput) -> list[Plot]:
+    """Does a method's advantage grow with video length (the point of SpecVLM and Sparrow)?"""
+    by_method: dict[str, list[RecordPair]] = {}
+    for (_, method), pairs in sorted(data.pairs.items()):
+        if method != data.baseline:
+            by_method.setdefault(method, []).extend(pairs)
+    curves = {m: binned_speedup(p) for m, p in by_method.items()}
+    curves = {m: c for m, c in curves.items() if c}
+    if not curves:
+        return []
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot(1, 1, 1)
+    for method, curve in curves.items():
+        ax.plot([c[0] for c in curve], [c[1] for c in curve], "o-", label=method)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("visual tokens (bin median)")
+    ax.set_ylabel("decode speedup (x)")
+    ax.legend(fontsize=8)
+    path = _save(fig, data.out_dir / "speedup_vs_visual_tokens.png")
+    return [Plot("speedup_vs_visual_tokens", path, "Decode speedup per bin of visual-token count, all tasks pooled.")]
+
+
+def _relevance_by_kind(data: PlotInput) -> tuple[dict[str, list[float]], Counter]:
+    relevance: dict[str, list[float]] = {"exact": [], "loose": []}
+    loose_texts: Counter = Counter()
+    for (_, method), pairs in data.pairs.items():
+        for rec, _ in pairs:
+            for t in rec.get("token_records") or []:
+                if t.get("kind") == "loose":
+                    loose_texts[t.get("text") or str(t.get("token"))] += 1
+                if t.get("kind") in relevance and t.get("relevance") is not None:
+                    relevance[t["kind"]].append(float(t["relevance"]))
+    return relevance, loose_texts
+
+
+def relevance_histogram(data: PlotInput) -> list[Plot]:
+    """Visual relevance of exactly and loosely accepted tokens: loose acceptance should land on
+    low-relevance fillers, not on visual anchors."""
+    relevance, loose_texts = _relevance_by_kind(data)
+    if not any(relevance.values()):
+        return []
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot(1, 1, 1)
+    for kind, values in relevance.items():
+        if values:
+            ax.hist(values, bins=30, alpha=0.6, label=f"{kind} ({len(values)})")
+    ax.set_xlabel("visual relevance")
+    ax.set_ylabel("accepted tokens")
+    ax.legend(fontsize=8)
+    top = loose_texts.most_common(20)
+    lines = [f"| {i + 1} | `{text.strip() or repr(text)}` | {n} |" for i, (text, n) in enumerate(top)]
+    markdown = "\n".join(["### Most frequent loosely accepted tokens", "", "| # | token | count |", "|---|---|---|", *lines])
+    path = _save(fig, data.out_dir / "relevance.png")
+    return [Plot("relevance", path, "Visual relevance of accepted tokens, by acceptance kind.", markdown if top else "", {"top_loose_tokens": top})]
+
+
+PLOT_HOOKS: list[PlotHook] = [speedup_vs_retention, tau_distribution, speedup_vs_visual_tokens, relevance_histogram]
+
+
+def draw_all(data: PlotInput, hooks: list[PlotHook] | None = None) -> list[Plot]:
+    data.out_dir.mkdir(parents=True, exist_ok=True)
+    return [plot for hook in (PLOT_HOOKS if hooks is None else hooks) for plot in hook(data)]

@@ -1,0 +1,252 @@
+"""`lvspec-eval report` on fake lmms-eval run folders with the real file layout:
+RUN/<model>/<date>_results.json, RUN/<model>/<date>_samples_<task>.jsonl, plus decode stats."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from scipy import stats as sps
+
+from lvspec_eval import report, report_plots
+
+DATE = "20250101_120000"
+MC = "demo_mc"  # 0/1 accuracy: McNemar
+CAP = "demo_cap"  # graded f1: Wilcoxon
+MC_ACC = {
+    "vanilla": [1, 1, 0, 1, 0, 1],
+    "sd_tree": [1, 1, 0, 1, 0, 1],
+    "lvspec": [1, 0, 0, 1, 0, 0],  # doc 1 lost, doc 5 failed (scored 0)
+}
+CAP_F1 = {
+    "vanilla": [0.5, 0.8, 0.6, 0.7],
+    "sd_tree": [0.5, 0.8, 0.6, 0.7],
+    "lvspec": [0.5, 0.7, 0.6, 0.75],
+}
+DECODE_S = {"vanilla": 1.0, "sd_tree": 0.5, "lvspec": 0.25}  # per sample
+ACCEPTED = {"vanilla": [], "sd_tree": [2, 3], "lvspec": [4, 4]}  # per sample
+
+
+def stats_record(method: str, task: str, doc: int) -> dict:
+    accepted = ACCEPTED[method]
+    steps = len(accepted) if accepted else 7
+    failed = method == "lvspec" and task == MC and doc == 5
+    changed = method == "lvspec" and doc in (1, 5)
+    return {
+        "task": task, "doc_id": doc, "method": method,
+        "error": "CUDA out of memory" if failed else None,
+        "num_new_tokens": 0 if failed else 7, "num_steps": steps, "accepted_lengths": accepted,
+        "tau": sum(accepted) / steps, "tokens_per_step": sum(accepted) / steps + 1,
+        "prefill_s": 0.4, "prune_s": 0.0, "draft_prefill_s": 0.1, "decode_s": DECODE_S[method],
+        "draft_s": 0.0, "verify_s": 0.0, "e2e_s": DECODE_S[method] + 0.5, "num_target_forwards": steps,
+        "visual_tokens": 100 * (doc + 1), "kept_visual_tokens": 10 * (doc + 1), "peak_memory_mb": 10.0,
+        "tokens": [] if failed else ([9, 9, doc] if changed else [1, 2, doc]),
+        "token_records": [
+            {"token": 5, "text": " a", "kind": "loose", "relevance": 0.1},
+            {"token": 6, "text": " red", "kind": "exact", "relevance": 0.8},
+        ] if method == "lvspec" else [],
+    }
+
+
+def write_run(root: Path, method: str, stats_path: Path | None) -> Path:
+    """One lmms-eval --output_path folder for `method`, both tasks."""
+    run_dir = root / method
+    model_dir = run_dir / "demo"
+    model_dir.mkdir(parents=True)
+    model_args = f"pretrained=demo,method={method}" + (f",stats_path={stats_path}" if stats_path else "")
+    results = {
+        "results": {
+            MC: {"alias": MC, "acc,none": sum(MC_ACC[method]) / 6, "acc_stderr,none": 0.2},
+            CAP: {"alias": CAP, "f1,none": 0.6, "f1_stderr,none": "N/A", "precision,none": 0.6},
+        },
+        "group_subtasks": {MC: [], CAP: []},
+        "config": {"model": "lvspec", "model_args": model_args, "limit": None},
+        "date": DATE,
+    }
+    (model_dir / f"{DATE}_results.json").write_text(json.dumps(results))
+    for task, values, key in ((MC, MC_ACC[method], "acc"), (CAP, CAP_F1[method], "f1")):
+        lines = [
+            {"doc_id": d, "target": "A", "filtered_resps": f"{method}-{d}" if method == "lvspec" and d in (1, 5) else f"answer {d}",
+             "token_counts": [None], "doc_hash": "x", "input": "q", key: float(v), "precision": 1.0}
+            for d, v in enumerate(values)
+        ]
+        (model_dir / f"{DATE}_samples_{task}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return run_dir
+
+
+def write_stats(path: Path, methods: list[str]) -> None:
+    records = [stats_record(m, t, d) for m in methods for t, n in ((MC, 6), (CAP, 4)) for d in range(n)]
+    with path.open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> list[Path]:
+    """vanilla and lvspec share a stats file named by stats_path (outside their folders);
+    sd_tree's stats lie inside its RUN folder as stats_sd.jsonl."""
+    shared = tmp_path / "stats_shared.jsonl"
+    write_stats(shared, ["vanilla", "lvspec"])
+    dirs = [write_run(tmp_path, "vanilla", shared), write_run(tmp_path, "sd_tree", None), write_run(tmp_path, "lvspec", shared)]
+    write_stats(dirs[1] / "stats_sd.jsonl", ["sd_tree"])
+    return dirs
+
+
+@pytest.fixture
+def summary(runs: list[Path], tmp_path: Path) -> dict:
+    return report.build_report(runs, tmp_path / "out", n_boot=500)
+
+
+def row(summary: dict, task: str, method: str) -> dict:
+    (found,) = [r for r in summary["rows"] if r["task"] == task and r["method"] == method]
+    return found
+
+
+def test_rows_are_ordered_baseline_first(summary):
+    assert [(r["task"], r["method"]) for r in summary["rows"]] == [
+        (CAP, "vanilla"), (CAP, "sd_tree"), (CAP, "lvspec"), (MC, "vanilla"), (MC, "sd_tree"), (MC, "lvspec"),
+    ]
+    assert summary["version"] == 1 and summary["baseline"] == "vanilla"
+
+
+def test_speed_figures_match_hand_computation(summary):
+    sd = row(summary, MC, "sd_tree")
+    assert sd["tau"] == pytest.approx(2.5)  # 5 accepted over 2 steps, every sample
+    assert sd["tokens_per_step"] == pytest.approx(3.5)
+    assert sd["decode_speedup"] == pytest.approx(6 * 1.0 / (6 * 0.5))
+    assert sd["e2e_speedup"] == pytest.approx(6 * 1.5 / (6 * 1.0))
+    assert sd["decode_tokens_per_s"] == pytest.approx(42 / 3.0)
+    lv = row(summary, MC, "lvspec")
+    assert lv["failed"] == 1 and lv["n_timed"] == 5  # the failed sample is left out of speed
+    assert lv["decode_speedup"] == pytest.approx(5 * 1.0 / (5 * 0.25))
+    assert lv["tau"] == pytest.approx(4.0)
+    van = row(summary, MC, "vanilla")
+    assert (van["tau"], van["tokens_per_step"], van["decode_speedup"]) == (0.0, 1.0, 1.0)
+
+
+def test_multiple_choice_quality_uses_mcnemar(summary):
+    lv = row(summary, MC, "lvspec")
+    assert lv["metric"] == "acc"
+    assert lv["quality"] == pytest.approx(2 / 6)
+    assert lv["vanilla_quality"] == pytest.approx(4 / 6)
+    assert lv["retention"] == pytest.approx(0.5)
+    assert lv["test"] == "mcnemar_exact"
+    assert lv["p_value"] == pytest.approx(0.5)  # 2 discordant pairs, both against: 2 * (1/2)^2
+    assert lv["p_holm"] == pytest.approx(1.0)  # family {0.5, 1.0}: 0.5 * 2
+    assert lv["non_inferior"] is False and lv["margin"] == 0.01
+    assert lv["exact_match_rate"] == pytest.approx(4 / 6) and lv["exact_match_basis"] == "tokens"
+    assert lv["lossless"] is False
+    lo, hi = lv["retention_ci"]
+    assert lo < 0.5 < hi
+
+
+def test_lossless_method_collapses_to_vanilla(summary):
+    sd = row(summary, MC, "sd_tree")
+    assert sd["lossless"] is True
+    assert sd["retention"] == 1.0 and sd["retention_ci"] == [1.0, 1.0]
+    assert sd["non_inferior"] is True and sd["non_inferior_by_margin"] == {"0.01": True, "0.02": True}
+    assert sd["exact_match_rate"] == 1.0
+    assert sd["p_value"] == 1.0
+    van = row(summary, MC, "vanilla")
+    assert van["test"] is None and van["p_value"] is None and van["p_holm"] is None
+
+
+def test_graded_quality_uses_wilcoxon(summary):
+    lv = row(summary, CAP, "lvspec")
+    assert lv["metric"] == "f1"
+    assert lv["quality"] == pytest.approx(sum(CAP_F1["lvspec"]) / 4)
+    assert lv["retention"] == pytest.approx(sum(CAP_F1["lvspec"]) / sum(CAP_F1["vanilla"]))
+    diffs = [a - b for a, b in zip(CAP_F1["lvspec"], CAP_F1["vanilla"])]
+    assert lv["test"] == "wilcoxon" and lv["zero_method"] == "zsplit"
+    assert lv["p_value"] == pytest.approx(sps.wilcoxon(diffs, zero_method="zsplit").pvalue)
+    assert lv["exact_match_rate"] == pytest.approx(3 / 4)  # doc 1's tokens differ
+
+
+def test_outputs_are_written(summary, tmp_path):
+    out = tmp_path / "out"
+    text = (out / "summary.json").read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    assert {p["name"] for p in summary["plots"]} == {"speedup_vs_retention", "tau_distribution", "speedup_vs_visual_tokens", "relevance"}
+    for plot in summary["plots"]:
+        assert (out / plot["path"]).read_bytes()[:4] == b"\x89PNG"
+    md = (out / "leaderboard.md").read_text()
+    assert "| demo_mc | lvspec | no | 6 | 1 | 4.00 | 5.00 | 4.00x |" in md
+    assert "Most frequent loosely accepted tokens" in md and "`a`" in md
+    page = (out / "leaderboard.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and "<table>" in page
+
+
+def test_metric_override_and_text_fallback(runs, tmp_path):
+    for run_dir in runs:  # drop the token ids: exact match falls back to the logged answers
+        for path in run_dir.rglob("stats*.jsonl"):
+            path.unlink()
+    (tmp_path / "stats_shared.jsonl").unlink()
+    summary = report.build_report(runs, tmp_path / "o2", metrics={CAP: "precision"}, n_boot=200)
+    lv = row(summary, CAP, "lvspec")
+    assert lv["metric"] == "precision" and lv["retention"] == 1.0
+    assert lv["exact_match_basis"] == "text" and lv["exact_match_rate"] == pytest.approx(3 / 4)
+    assert lv["decode_speedup"] is None and lv["n_timed"] == 0
+    assert any("no decode statistics" in w for w in summary["warnings"])
+
+
+def test_latest_results_file_wins(runs, tmp_path):
+    model_dir = runs[2] / "demo"
+    later = "20250102_090000"
+    for path in model_dir.iterdir():
+        text = path.read_text().replace('"acc": 0.0', '"acc": 1.0')
+        (model_dir / path.name.replace(DATE, later)).write_text(text)
+    summary = report.build_report(runs, tmp_path / "o3", n_boot=200)
+    assert row(summary, MC, "lvspec")["quality"] == 1.0
+    assert any("twice" in w for w in summary["warnings"])
+
+
+def test_missing_baseline_is_an_error(runs, tmp_path):
+    with pytest.raises(ValueError, match="no run with method=vanilla.*sd_tree, lvspec"):
+        report.build_report(runs[1:], tmp_path / "o4")
+
+
+def test_unknown_option_and_bad_metric_are_errors(runs, tmp_path):
+    with pytest.raises(ValueError, match="unknown report option.*n_boots.*allowed"):
+        report.build_report(runs, tmp_path / "o5", n_boots=10)
+    with pytest.raises(ValueError, match="no metric 'bleu'; available: acc, precision"):
+        report.build_report(runs, tmp_path / "o6", metrics={MC: "bleu"})
+
+
+def test_cli_prints_the_table(runs, tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    report.register(parser.add_subparsers())
+    args = parser.parse_args(["report", *map(str, runs), "-o", str(tmp_path / "cli"), "--metric", f"{CAP}=f1", "--n-boot", "100"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| task | method | lossless |") and "| demo_cap | sd_tree | yes | 4 | 0 |" in out
+    assert (tmp_path / "cli" / "leaderboard.html").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ("pretrained=demo,method=sd_tree,stats_path=/x/s.jsonl", {"pretrained": "demo", "method": "sd_tree", "stats_path": "/x/s.jsonl"}),
+        ({"method": "vanilla", "max_new_tokens": 8}, {"method": "vanilla", "max_new_tokens": "8"}),
+        ("", {}),
+    ],
+)
+def test_parse_model_args(args, expected):
+    assert report.parse_model_args(args) == expected
+
+
+@pytest.mark.parametrize(
+    ("method", "lossless"),
+    [("vanilla", True), ("specvlm", True), ("fly", False), ("lvspec", False), ("custom:sparrow+exact", True), ("custom:model+loose", False)],
+)
+def test_lossless_methods(method, lossless):
+    assert report.is_lossless(method) is lossless
+
+
+def test_pareto_front():
+    points = [(1.0, 1.0), (0.99, 2.0), (0.95, 1.5), (0.9, 2.5)]
+    assert report_plots.pareto_front(points) == [3, 1, 0]
+
+
+def test_binned_speedup_is_a_ratio_of_summed_times():
+    pairs = [({"decode_s": 1.0}, {"decode_s": 2.0, "visual_tokens": 10}), ({"decode_s": 1.0}, {"decode_s": 4.0, "visual_tokens": 1000})]
+    assert report_plots.binned_speedup(pairs, num_bins=2) == [(10.0, 2.0, 1), (1000.0, 4.0, 1)]
