@@ -67,6 +67,7 @@ class ReportOptions:
     seed: int = 0
     baseline: str = "vanilla"
     echo: bool = False  # print the table to stdout
+    plots: bool = True  # draw the PNGs (off: faster, for CI gates that read only summary.json)
 
 
 @dataclass(frozen=True)
@@ -440,7 +441,8 @@ def build_report(run_dirs: list[Path], out_dir: Path, **options) -> dict:
     try:
         runs = discover([Path(d) for d in run_dirs])
         rows = build_rows(runs, opts)
-        plots = report_plots.draw_all(plot_input(rows, runs, opts, out_dir))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        plots = report_plots.draw_all(plot_input(rows, runs, opts, out_dir)) if opts.plots else []
     finally:
         log.removeHandler(collector)
     summary = json_safe({
@@ -471,6 +473,7 @@ def _run(args: argparse.Namespace) -> int:
     build_report(
         args.runs, args.output, metrics=parse_metric_overrides(args.metric), margin=args.margin,
         n_boot=args.n_boot, alpha=args.alpha, seed=args.seed, baseline=args.baseline, echo=True,
+        plots=not args.no_plots,
     )
     print(f"wrote {args.output / 'leaderboard.md'}, leaderboard.html, summary.json")
     return 0
@@ -486,4 +489,5 @@ def register(subparsers) -> None:
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence of the retention interval")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline", default="vanilla", help="the method every row is compared with")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNGs (tables and summary.json only)")
     p.set_defaults(func=_run)

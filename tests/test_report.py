@@ -81,20 +81,31 @@ def write_stats(path: Path, methods: list[str]) -> None:
         f.writelines(json.dumps(r) + "\n" for r in records)
 
 
-@pytest.fixture
-def runs(tmp_path: Path) -> list[Path]:
+def make_runs(root: Path) -> list[Path]:
     """vanilla and lvspec share a stats file named by stats_path (outside their folders);
     sd_tree's stats lie inside its RUN folder as stats_sd.jsonl."""
-    shared = tmp_path / "stats_shared.jsonl"
+    shared = root / "stats_shared.jsonl"
     write_stats(shared, ["vanilla", "lvspec"])
-    dirs = [write_run(tmp_path, "vanilla", shared), write_run(tmp_path, "sd_tree", None), write_run(tmp_path, "lvspec", shared)]
+    dirs = [write_run(root, "vanilla", shared), write_run(root, "sd_tree", None), write_run(root, "lvspec", shared)]
     write_stats(dirs[1] / "stats_sd.jsonl", ["sd_tree"])
     return dirs
 
 
 @pytest.fixture
-def summary(runs: list[Path], tmp_path: Path) -> dict:
-    return report.build_report(runs, tmp_path / "out", n_boot=500)
+def runs(tmp_path: Path) -> list[Path]:
+    return make_runs(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[dict, Path]:
+    """One full report (with plots, which are slow to render) shared by the read-only tests."""
+    root = tmp_path_factory.mktemp("report")
+    return report.build_report(make_runs(root), root / "out", n_boot=500), root / "out"
+
+
+@pytest.fixture
+def summary(built) -> dict:
+    return built[0]
 
 
 def row(summary: dict, task: str, method: str) -> dict:
@@ -162,8 +173,8 @@ def test_graded_quality_uses_wilcoxon(summary):
     assert lv["exact_match_rate"] == pytest.approx(3 / 4)  # doc 1's tokens differ
 
 
-def test_outputs_are_written(summary, tmp_path):
-    out = tmp_path / "out"
+def test_outputs_are_written(built):
+    summary, out = built
     text = (out / "summary.json").read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
     assert {p["name"] for p in summary["plots"]} == {"speedup_vs_retention", "tau_distribution", "speedup_vs_visual_tokens", "relevance"}
@@ -181,7 +192,7 @@ def test_metric_override_and_text_fallback(runs, tmp_path):
         for path in run_dir.rglob("stats*.jsonl"):
             path.unlink()
     (tmp_path / "stats_shared.jsonl").unlink()
-    summary = report.build_report(runs, tmp_path / "o2", metrics={CAP: "precision"}, n_boot=200)
+    summary = report.build_report(runs, tmp_path / "o2", metrics={CAP: "precision"}, n_boot=200, plots=False)
     lv = row(summary, CAP, "lvspec")
     assert lv["metric"] == "precision" and lv["retention"] == 1.0
     assert lv["exact_match_basis"] == "text" and lv["exact_match_rate"] == pytest.approx(3 / 4)
@@ -195,7 +206,7 @@ def test_latest_results_file_wins(runs, tmp_path):
     for path in model_dir.iterdir():
         text = path.read_text().replace('"acc": 0.0', '"acc": 1.0')
         (model_dir / path.name.replace(DATE, later)).write_text(text)
-    summary = report.build_report(runs, tmp_path / "o3", n_boot=200)
+    summary = report.build_report(runs, tmp_path / "o3", n_boot=200, plots=False)
     assert row(summary, MC, "lvspec")["quality"] == 1.0
     assert any("twice" in w for w in summary["warnings"])
 
@@ -215,7 +226,7 @@ def test_unknown_option_and_bad_metric_are_errors(runs, tmp_path):
 def test_cli_prints_the_table(runs, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     report.register(parser.add_subparsers())
-    args = parser.parse_args(["report", *map(str, runs), "-o", str(tmp_path / "cli"), "--metric", f"{CAP}=f1", "--n-boot", "100"])
+    args = parser.parse_args(["report", *map(str, runs), "-o", str(tmp_path / "cli"), "--metric", f"{CAP}=f1", "--n-boot", "100", "--no-plots"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert out.startswith("| task | method | lossless |") and "| demo_cap | sd_tree | yes | 4 | 0 |" in out

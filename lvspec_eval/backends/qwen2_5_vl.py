@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..demo.data import expand_video_tokens
 from .base import Backend, PreparedInputs
-from .qwen_vision import VisionPreprocessConfig, preprocess_video
+from .qwen_vision import VisionPreprocessConfig, expand_video_tokens, preprocess_video
 
 
 class QwenVLBackend(Backend):
@@ -22,6 +21,18 @@ class QwenVLBackend(Backend):
         self.preprocess = preprocess or VisionPreprocessConfig(
             patch_size=vc.patch_size, temporal_patch_size=vc.temporal_patch_size, merge_size=vc.spatial_merge_size)
         self.video_token_id = model.config.video_token_id
+
+    @classmethod
+    def from_pretrained_parts(cls, model, tokenizer, device, preprocess_overrides: dict) -> "QwenVLBackend":
+        vc = model.config.vision_config
+        cfg = VisionPreprocessConfig(patch_size=vc.patch_size, temporal_patch_size=vc.temporal_patch_size,
+                                     merge_size=vc.spatial_merge_size, **preprocess_overrides)
+        return cls(model, tokenizer, device, cfg)
+
+    def layout(self) -> tuple:
+        """What a draft must share with its target for visual tokens to line up."""
+        p = self.preprocess
+        return ("qwen2_5_vl", p.patch_size, p.temporal_patch_size, p.merge_size, p.min_pixels, p.max_pixels)
 
     def text_model(self):
         return self.model.model.language_model

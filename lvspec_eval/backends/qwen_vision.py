@@ -97,3 +97,11 @@ def preprocess_video(frames: np.ndarray, fps: float, cfg: VisionPreprocessConfig
         grid_thw=torch.tensor([grid], dtype=torch.long),
         second_per_grid=cfg.temporal_patch_size / fps,
     )
+
+
+def expand_video_tokens(ids: list[int], video_token_id: int, num_tokens: int) -> list[int]:
+    """Replace the single video placeholder with one placeholder per visual token."""
+    if ids.count(video_token_id) != 1:
+        raise ValueError(f"expected one video placeholder in the prompt, found {ids.count(video_token_id)}")
+    i = ids.index(video_token_id)
+    return ids[:i] + [video_token_id] * num_tokens + ids[i + 1:]

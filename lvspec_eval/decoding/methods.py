@@ -64,11 +64,12 @@ class DecodeOptions:
         return PruneConfig(self.prune_ratio, self.prune_lambda)
 
 
-# name -> factory(options, draft_backend) ; draft_backend None means Self-SD on the target
+# name -> factory(options, draft_backend, target_backend); draft_backend None means the target
+# itself drafts (Self-SD)
 DRAFTERS: dict[str, Callable] = {
-    "none": lambda opts, draft: NoDrafter(),
-    "model": lambda opts, draft: ModelDrafter(opts.tree_config(), draft),
-    "pruned": lambda opts, draft: ModelDrafter(opts.tree_config(), draft, opts.prune_config()),
+    "none": lambda opts, draft, target: NoDrafter(),
+    "model": lambda opts, draft, target: ModelDrafter(opts.tree_config(), draft),
+    "pruned": lambda opts, draft, target: ModelDrafter(opts.tree_config(), draft, opts.prune_config()),
 }
 # name -> factory(options)
 VERIFIERS: dict[str, Callable] = {
@@ -110,9 +111,9 @@ def make_options(spec: MethodSpec, user: dict) -> DecodeOptions:
                          extra={k: v for k, v in values.items() if k not in known})
 
 
-def build(spec: MethodSpec, options: DecodeOptions, draft_backend=None):
+def build(spec: MethodSpec, options: DecodeOptions, draft_backend=None, target_backend=None):
     """(drafter, verifier) objects for one run."""
-    return DRAFTERS[spec.drafter](options, draft_backend), VERIFIERS[spec.verifier](options)
+    return DRAFTERS[spec.drafter](options, draft_backend, target_backend), VERIFIERS[spec.verifier](options)
 
 
 def is_lossless(spec: MethodSpec) -> bool:

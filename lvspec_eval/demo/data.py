@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..backends.qwen_vision import VideoPixels, preprocess_video
+from ..backends.qwen_vision import VideoPixels, expand_video_tokens, preprocess_video
 from . import models, world
 
 TRAIN_SEED = 0
@@ -21,14 +21,6 @@ TEST_SEED = 2_000_000
 def chat_prompt(tokenizer, text: str) -> str:
     messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
-def expand_video_tokens(ids: list[int], video_token_id: int, num_tokens: int) -> list[int]:
-    """Replace the single video placeholder with one placeholder per visual token."""
-    if ids.count(video_token_id) != 1:
-        raise ValueError(f"expected one video placeholder in the prompt, found {ids.count(video_token_id)}")
-    i = ids.index(video_token_id)
-    return ids[:i] + [video_token_id] * num_tokens + ids[i + 1:]
 
 
 @dataclass

@@ -1,0 +1,71 @@
+"""Load the target (and draft) once, build the method, and generate one request at a time.
+
+This is what the lmms-eval model classes and the benchmark call; it knows nothing of lmms-eval.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .backends.loading import load_backend
+from .decoding import loop, methods
+
+
+@dataclass
+class VideoInput:
+    frames: np.ndarray  # uint8 [T, H, W, 3]
+    fps: float  # rate at which the frames were sampled
+
+
+@dataclass
+class Generation:
+    text: str
+    tokens: list[int]
+    stats: dict  # the per-sample record (decoding/stats.py keys)
+    kinds: list[str] = field(default_factory=list)
+    relevance: list[float | None] = field(default_factory=list)
+
+
+class Runner:
+    def __init__(self, pretrained: str, method: str = "vanilla", draft: str | None = None, device: str = "cpu",
+                 dtype: str = "float32", attn_implementation: str = "sdpa", options: dict | None = None,
+                 drafter: str | None = None, verifier: str | None = None, device_map: str | None = None,
+                 min_pixels: int | None = None, max_pixels: int | None = None):
+        self.spec = methods.resolve(method, drafter, verifier)
+        self.method = method if method != "custom" else f"custom:{self.spec.drafter}+{self.spec.verifier}"
+        self.options = methods.make_options(self.spec, options or {})
+        load = dict(device=device, dtype=dtype, attn_implementation=attn_implementation, device_map=device_map,
+                    min_pixels=min_pixels, max_pixels=max_pixels)
+        self.target = load_backend(pretrained, **load)
+        self.draft_backend = None
+        if self.spec.drafter in ("model", "pruned") and draft not in (None, "self"):
+            self.draft_backend = load_backend(draft, **load)
+            check_pairing(self.target, self.draft_backend, pretrained, draft)
+        self.drafter, self.verifier = methods.build(self.spec, self.options, self.draft_backend, self.target)
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int,
+                 until: tuple[str, ...] = ()) -> Generation:
+        out = loop.generate(self.target, self.drafter, self.verifier, prompt,
+                            [(v.frames, v.fps) for v in videos], max_new_tokens, tuple(until))
+        record = out.stats.to_dict()
+        record.update(method=self.method, tokens=out.tokens, kinds=out.kinds, relevance=out.relevance)
+        return Generation(out.text, out.tokens, record, out.kinds, out.relevance)
+
+
+def check_pairing(target, draft, target_name: str, draft_name: str) -> None:
+    """A draft must share the tokenizer and the visual-token layout of its target."""
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise ValueError(f"draft {draft_name!r} does not share the tokenizer of target {target_name!r}")
+    if target.layout() != draft.layout():
+        raise ValueError(f"draft {draft_name!r} has visual-token layout {draft.layout()}, target "
+                         f"{target_name!r} has {target.layout()}; they must match")
