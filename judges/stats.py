@@ -20,11 +20,11 @@ sample id (`pair_by_id`), so sample difficulty cancels out of the comparison.
 Decode-speed figures (tau, tokens/step) are defined in decoding/stats.py; this module only
 judges quality.
 """
+
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Hashable
 
 import numpy as np
 from scipy import stats as sps
@@ -241,7 +241,9 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 def exact_match_rate(method_outputs: Sequence[Sequence], vanilla_outputs: Sequence[Sequence]) -> float:
     """Share of paired samples whose output (token ids or text) equals vanilla's; NaN if none."""
     if len(method_outputs) != len(vanilla_outputs):
-        raise ValueError(f"need one vanilla output per method output, got {len(method_outputs)} and {len(vanilla_outputs)}")
+        raise ValueError(
+            f"need one vanilla output per method output, got {len(method_outputs)} and {len(vanilla_outputs)}"
+        )
     if not method_outputs:
         return float("nan")
     same = sum(_as_output(a) == _as_output(b) for a, b in zip(method_outputs, vanilla_outputs))

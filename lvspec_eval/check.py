@@ -9,6 +9,7 @@ A row fails when (the baseline row, vanilla, is exempt from the first and third 
 Each failure prints one line naming method, task and figure; the exit code is then 1. Otherwise
 it prints a short OK table and exits 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,8 +100,9 @@ def check_summary(summary: dict, gate: Gate, old: dict | None = None) -> tuple[l
 def ok_table(summary: dict) -> str:
     lines = [f"{'task':<20} {'method':<28} {'retention lo':>12} {'exact':>7} {'decode x':>9}"]
     for r in summary.get("rows") or []:
-        lo = (r.get("retention_ci") or [None])[0]
-        lines.append(f"{r['task']:<20} {r['method']:<28} {_fmt(lo):>12} {_fmt(r.get('exact_match_rate')):>7} {_fmt(r.get('decode_speedup')):>9}")
+        lo = _fmt((r.get("retention_ci") or [None])[0])
+        match, speed = _fmt(r.get("exact_match_rate")), _fmt(r.get("decode_speedup"))
+        lines.append(f"{r['task']:<20} {r['method']:<28} {lo:>12} {match:>7} {speed:>9}")
     return "\n".join(lines)
 
 
@@ -131,6 +133,8 @@ def register(subparsers) -> None:
     p.add_argument("summary", type=Path, metavar="SUMMARY.json", help="summary.json written by `lvspec-eval report`")
     p.add_argument("--min-retention", type=float, default=0.99, help="lowest allowed retention lower bound")
     p.add_argument("--min-speedup", type=float, default=None, help="lowest allowed decode speedup (non-baseline rows)")
-    p.add_argument("--baseline", type=Path, default=None, metavar="OLD.json", help="an earlier summary.json to detect regressions")
+    p.add_argument(
+        "--baseline", type=Path, default=None, metavar="OLD.json", help="an earlier summary.json to detect regressions"
+    )
     p.add_argument("--tolerance", type=float, default=0.05, help="allowed relative drop against --baseline")
     p.set_defaults(func=_run)

@@ -36,14 +36,19 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
    "exact_match_rate", "exact_match_basis", "p_value", "p_holm", "test" ("mcnemar_exact",
    "wilcoxon" or null for the baseline), "zero_method"}],
- "plots": [{"name", "path" (relative to DIR), "caption"}], "warnings": [str]}
+ "plots": [{"name", "path" (a PNG relative to DIR; null for a table-only entry), "caption", plus
+   the hook's extra figures, e.g. "top_loose_tokens": [[text, count], ...]}], "warnings": [str]}
+Rows are ordered by task, then vanilla, sd_tree, specvlm, sparrow, fly, lvspec, others by name.
+Plots come from report_plots.PLOT_HOOKS (extendable); `--no-plots` skips them.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import logging
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -56,6 +61,8 @@ log = logging.getLogger(__name__)
 LOSSLESS_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow")
 METHOD_ORDER = ("vanilla", "sd_tree", "specvlm", "sparrow", "fly", "lvspec")
 REPORTED_MARGINS = (0.01, 0.02)
+# keys lmms-eval writes into every logged sample besides the metrics
+LOGGED_SAMPLE_KEYS = ("doc_id", "target", "resps", "filtered_resps", "doc_hash", "input", "token_counts", "input_media")
 
 
 @dataclass(frozen=True)
@@ -106,12 +113,12 @@ def read_jsonl(path: Path) -> list[dict]:
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{k}: not a JSON object ({err.msg}); expected one JSON object per line") from err
+                raise ValueError(f"{path}:{k}: not JSON ({err.msg}); expected one JSON object per line") from err
     return out
 
 
 def metric_names(task_results: Mapping) -> tuple[str, ...]:
-    """"acc,none" -> "acc"; stderr entries and the alias are not metrics."""
+    """ "acc,none" -> "acc"; stderr entries and the alias are not metrics."""
     names = [k.split(",", 1)[0] for k in task_results if k != "alias" and "_stderr" not in k and "," in k]
     return tuple(dict.fromkeys(names))
 
@@ -146,7 +153,9 @@ def load_results_file(path: Path, run_dir: Path) -> list[TaskRun]:
     model_args = parse_model_args(config.get("model_args", data.get("model_args")))
     method = model_args.get("method")
     if not method:
-        raise ValueError(f"{path}: model_args {config.get('model_args')!r} has no method=<name>; expected e.g. method=vanilla")
+        raise ValueError(
+            f"{path}: model_args {config.get('model_args')!r} has no method=<name>; expected e.g. method=vanilla"
+        )
     decode_stats = load_stats(stats_files(model_args, path, run_dir), method)
     date_id = path.name[: -len("_results.json")]
     runs = []
@@ -173,7 +182,13 @@ def discover(run_dirs: list[Path]) -> dict[tuple[str, str], TaskRun]:
             for run in load_results_file(path, run_dir):
                 key = (run.task, run.method)
                 if key in runs:
-                    log.warning("method %s ran task %s twice: using %s, not %s", run.method, run.task, path, runs[key].source)
+                    log.warning(
+                        "method %s ran task %s twice: using the later of %s and %s",
+                        run.method,
+                        run.task,
+                        path,
+                        runs[key].source,
+                    )
                 if key not in runs or path.name >= runs[key].source.name:
                     runs[key] = run
     return runs
@@ -183,19 +198,25 @@ def discover(run_dirs: list[Path]) -> dict[tuple[str, str], TaskRun]:
 
 
 def score_value(value, metric: str, where: str) -> float:
+    """A per-sample metric as a number (lmms-eval's video tasks log dicts with a "score")."""
     if isinstance(value, Mapping) and isinstance(value.get("score"), (int, float)):
         value = value["score"]
     if isinstance(value, (bool, int, float)) and math.isfinite(float(value)):
         return float(value)
-    raise ValueError(f"{where}: per-sample {metric!r} is {value!r}; expected a number, a bool or a dict with a numeric 'score' (pick another with --metric TASK=NAME)")
+    raise ValueError(
+        f"{where}: per-sample {metric!r} is {value!r}; expected a number, a bool or a dict with a numeric "
+        "'score' (pick another metric with --metric TASK=NAME)"
+    )
 
 
 def sample_scores(run: TaskRun, metric: str) -> dict[str, float]:
     out = {}
     for doc_id, sample in run.samples.items():
         if metric not in sample:
-            available = sorted(k for k in sample if k not in ("doc_id", "target", "resps", "filtered_resps", "doc_hash", "input", "token_counts"))
-            raise ValueError(f"{run.source}: sample {doc_id} of {run.task} has no metric {metric!r}; available: {', '.join(available)}")
+            available = ", ".join(sorted(k for k in sample if k not in LOGGED_SAMPLE_KEYS))
+            raise ValueError(
+                f"{run.source}: sample {doc_id} of {run.task} has no metric {metric!r}; available: {available}"
+            )
         out[doc_id] = score_value(sample[metric], metric, f"{run.source} {run.task} doc {doc_id}")
     return out
 
@@ -203,13 +224,14 @@ def sample_scores(run: TaskRun, metric: str) -> dict[str, float]:
 def timed_pairs(run: TaskRun, vanilla: TaskRun) -> list[tuple[dict, dict]]:
     """(method record, vanilla record) for the samples both timed without error."""
     ids = sorted(set(run.stats) & set(vanilla.stats), key=str)
-    return [(run.stats[i], vanilla.stats[i]) for i in ids if not run.stats[i].get("error") and not vanilla.stats[i].get("error")]
+    ok = [i for i in ids if not run.stats[i].get("error") and not vanilla.stats[i].get("error")]
+    return [(run.stats[i], vanilla.stats[i]) for i in ok]
 
 
 def _total(records: list[dict], key: str) -> float:
     missing = [r.get("doc_id") for r in records if r.get(key) is None]
     if missing:
-        raise ValueError(f"decode-stats records of docs {missing[:5]} lack {key!r}; expected every field listed in lvspec_eval/report.py")
+        raise ValueError(f"decode-stats records of docs {missing[:5]} lack {key!r}; expected the fields in report.py")
     return float(sum(float(r[key]) for r in records))
 
 
@@ -226,16 +248,26 @@ def _accepted(rec: dict) -> float:
 
 def speed_fields(pairs: list[tuple[dict, dict]]) -> dict:
     """tau pools all steps of all timed samples (a long answer weighs more, as in the papers)."""
+    nan = float("nan")
+    if not pairs:
+        return {
+            "n_timed": 0,
+            "tau": nan,
+            "tokens_per_step": nan,
+            "decode_speedup": nan,
+            "e2e_speedup": nan,
+            "decode_tokens_per_s": nan,
+        }
     method = [m for m, _ in pairs]
     vanilla = [v for _, v in pairs]
-    tau = _ratio(sum(map(_accepted, method)), _total(method, "num_steps")) if pairs else float("nan")
+    tau = _ratio(sum(map(_accepted, method)), _total(method, "num_steps"))
     return {
         "n_timed": len(pairs),
         "tau": tau,
         "tokens_per_step": tau + 1.0,
-        "decode_speedup": _ratio(_total(vanilla, "decode_s"), _total(method, "decode_s")) if pairs else float("nan"),
-        "e2e_speedup": _ratio(_total(vanilla, "e2e_s"), _total(method, "e2e_s")) if pairs else float("nan"),
-        "decode_tokens_per_s": _ratio(_total(method, "num_new_tokens"), _total(method, "decode_s")) if pairs else float("nan"),
+        "decode_speedup": _ratio(_total(vanilla, "decode_s"), _total(method, "decode_s")),
+        "e2e_speedup": _ratio(_total(vanilla, "e2e_s"), _total(method, "e2e_s")),
+        "decode_tokens_per_s": _ratio(_total(method, "num_new_tokens"), _total(method, "decode_s")),
     }
 
 
@@ -243,7 +275,8 @@ def exact_match(run: TaskRun, vanilla: TaskRun, ids: tuple) -> tuple[float, str]
     """Token ids when every paired sample has them on both sides, else the logged responses."""
     recs = [(run.stats.get(i) or {}, vanilla.stats.get(i) or {}) for i in ids]
     if ids and all(m.get("tokens") is not None and v.get("tokens") is not None for m, v in recs):
-        return stats.exact_match_rate([m["tokens"] for m, _ in recs], [v["tokens"] for _, v in recs]), "tokens"
+        rate = stats.exact_match_rate([m["tokens"] for m, _ in recs], [v["tokens"] for _, v in recs])
+        return rate, "tokens"
     method_text = [_response_text(run.samples[i]) for i in ids]
     return stats.exact_match_rate(method_text, [_response_text(vanilla.samples[i]) for i in ids]), "text"
 
@@ -280,7 +313,11 @@ def quality_fields(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOpti
 def method_row(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions) -> dict:
     pairs = timed_pairs(run, vanilla)
     if not run.stats:
-        log.warning("no decode statistics for %s on %s (give stats_path= or put stats*.jsonl in its RUN folder)", run.method, run.task)
+        log.warning(
+            "no decode statistics for %s on %s (give stats_path= or put stats*.jsonl in its RUN folder)",
+            run.method,
+            run.task,
+        )
     row = {"task": run.task, "method": run.method, "lossless": is_lossless(run.method)}
     row["failed"] = sum(1 for r in run.stats.values() if r.get("error"))
     row.update(speed_fields(pairs))
@@ -308,7 +345,8 @@ def task_rows(task: str, runs: dict[str, TaskRun], opts: ReportOptions) -> list[
 def build_rows(runs: dict[tuple[str, str], TaskRun], opts: ReportOptions) -> list[dict]:
     methods = sorted({m for _, m in runs}, key=method_sort_key)
     if opts.baseline not in methods:
-        raise ValueError(f"no run with method={opts.baseline} (the baseline); runs found: {', '.join(methods) or 'none'}")
+        found = ", ".join(methods) or "none"
+        raise ValueError(f"no run with method={opts.baseline} (the baseline); runs found: {found}")
     tasks = sorted({t for t, _ in runs})
     for task in sorted(set(opts.metrics) - set(tasks)):
         log.warning("--metric names task %s, which no run has (tasks: %s)", task, ", ".join(tasks))
@@ -380,8 +418,8 @@ def method_note(opts: ReportOptions) -> str:
 
 def markdown_page(rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions) -> str:
     parts = ["# lvspec-eval leaderboard", "", method_note(opts), "", markdown_table(rows), ""]
-    if plots:
-        parts += ["## Plots", ""] + [f"![{p.caption}]({p.path.name})  \n{p.caption}\n" for p in plots]
+    if any(p.path for p in plots):
+        parts += ["## Plots", ""] + [f"![{p.caption}]({p.path.name})  \n{p.caption}\n" for p in plots if p.path]
     parts += [p.markdown + "\n" for p in plots if p.markdown]
     return "\n".join(parts)
 
@@ -397,9 +435,13 @@ def json_safe(x):
     return x
 
 
-def plot_input(rows: list[dict], runs: dict[tuple[str, str], TaskRun], opts: ReportOptions, out_dir: Path) -> report_plots.PlotInput:
+def plot_input(
+    rows: list[dict], runs: dict[tuple[str, str], TaskRun], opts: ReportOptions, out_dir: Path
+) -> report_plots.PlotInput:
     pairs = {
-        key: timed_pairs(run, runs[(key[0], opts.baseline)]) for key, run in runs.items() if (key[0], opts.baseline) in runs
+        (task, method): timed_pairs(run, runs[(task, opts.baseline)])
+        for (task, method), run in runs.items()
+        if (task, opts.baseline) in runs
     }
     return report_plots.PlotInput(rows=json_safe(rows), pairs=pairs, baseline=opts.baseline, out_dir=out_dir)
 
@@ -421,19 +463,39 @@ def make_options(options: Mapping) -> ReportOptions:
     return ReportOptions(**{k: v for k, v in options.items() if v is not None})
 
 
-def write_outputs(summary: dict, rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions, out_dir: Path) -> None:
+def summary_dict(rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions, warnings: list[str]) -> dict:
+    """summary.json's content (schema in the module docstring), JSON-safe."""
+    plot_entries = [
+        {"name": p.name, "path": p.path.name if p.path else None, "caption": p.caption, **p.extra} for p in plots
+    ]
+    return json_safe(
+        {
+            "version": 1,
+            "baseline": opts.baseline,
+            "alpha": opts.alpha,
+            "n_boot": opts.n_boot,
+            "rows": rows,
+            "plots": plot_entries,
+            "warnings": warnings,
+        }
+    )
+
+
+def write_outputs(summary: dict, plots: list[report_plots.Plot], opts: ReportOptions, out_dir: Path) -> None:
+    rows = summary["rows"]
     (out_dir / "leaderboard.md").write_text(markdown_page(rows, plots, opts), encoding="utf-8")
     headers, cells = table_cells(rows)
-    page = report_html.render_page(
-        "lvspec-eval leaderboard", headers, cells, [(p.path, p.caption) for p in plots], [method_note(opts)] + [p.markdown for p in plots]
-    )
+    figures = [(p.path, p.caption) for p in plots if p.path]
+    notes = [method_note(opts)] + [p.markdown for p in plots]
+    page = report_html.render_page("lvspec-eval leaderboard", headers, cells, figures, notes)
     (out_dir / "leaderboard.html").write_text(page, encoding="utf-8")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
 
 def build_report(run_dirs: list[Path], out_dir: Path, **options) -> dict:
     """Read the runs, write leaderboard.md/.html, summary.json and the plots to out_dir, and
-    return the summary. Options: see ReportOptions."""
+    return the summary. Options: see ReportOptions. Warnings (missing stats, duplicate runs...)
+    are logged and kept in summary["warnings"]."""
     opts = make_options(options)
     out_dir = Path(out_dir)
     collector = _WarningCollector()
@@ -445,14 +507,12 @@ def build_report(run_dirs: list[Path], out_dir: Path, **options) -> dict:
         plots = report_plots.draw_all(plot_input(rows, runs, opts, out_dir)) if opts.plots else []
     finally:
         log.removeHandler(collector)
-    summary = json_safe({
-        "version": 1, "baseline": opts.baseline, "alpha": opts.alpha, "n_boot": opts.n_boot, "rows": rows,
-        "plots": [{"name": p.name, "path": p.path.name, "caption": p.caption, **p.extra} for p in plots],
-        "warnings": collector.messages,
-    })
-    write_outputs(summary, summary["rows"], plots, opts, out_dir)
-    if opts.echo:
+    summary = summary_dict(rows, plots, opts, collector.messages)
+    write_outputs(summary, plots, opts, out_dir)
+    if opts.echo:  # the collector kept the warnings from logging's stderr fallback: show them here
         print(markdown_table(summary["rows"]))
+        for message in summary["warnings"]:
+            print(f"warning: {message}", file=sys.stderr)
     return summary
 
 
@@ -471,8 +531,15 @@ def parse_metric_overrides(items: list[str] | None) -> dict[str, str]:
 
 def _run(args: argparse.Namespace) -> int:
     build_report(
-        args.runs, args.output, metrics=parse_metric_overrides(args.metric), margin=args.margin,
-        n_boot=args.n_boot, alpha=args.alpha, seed=args.seed, baseline=args.baseline, echo=True,
+        args.runs,
+        args.output,
+        metrics=parse_metric_overrides(args.metric),
+        margin=args.margin,
+        n_boot=args.n_boot,
+        alpha=args.alpha,
+        seed=args.seed,
+        baseline=args.baseline,
+        echo=True,
         plots=not args.no_plots,
     )
     print(f"wrote {args.output / 'leaderboard.md'}, leaderboard.html, summary.json")
@@ -480,10 +547,21 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("report", help="leaderboard (markdown, HTML, plots, summary.json) from lmms-eval run folders")
-    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="lmms-eval --output_path folders (one per method, vanilla among them)")
+    p = subparsers.add_parser("report", help="leaderboard (markdown, HTML, plots, summary.json) from lmms-eval runs")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        type=Path,
+        metavar="RUN",
+        help="lmms-eval --output_path folders (typically one per method, vanilla among them)",
+    )
     p.add_argument("-o", "--output", type=Path, required=True, metavar="DIR")
-    p.add_argument("--metric", action="append", metavar="TASK=NAME", help="the quality metric of a task (default: its first metric)")
+    p.add_argument(
+        "--metric",
+        action="append",
+        metavar="TASK=NAME",
+        help="the quality metric of a task (default: its first metric); repeatable",
+    )
     p.add_argument("--margin", type=float, default=0.01, help="non-inferiority margin (0.01 = 1%%)")
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of the retention interval")
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence of the retention interval")

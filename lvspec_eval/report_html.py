@@ -1,5 +1,6 @@
 """The leaderboard as one standalone HTML page: the table, then every plot embedded as a base64
 PNG, so the page can be attached to a CI run or mailed without its folder."""
+
 from __future__ import annotations
 
 import base64

@@ -6,6 +6,7 @@ to draw returns []. Add one with `PLOT_HOOKS.append(fn)`; the report embeds ever
 HTML page and lists it in summary.json. Figures use matplotlib's object API (`Figure`), which
 renders with Agg and never touches pyplot's global state or needs a display.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -30,7 +31,7 @@ class PlotInput:
 @dataclass(frozen=True)
 class Plot:
     name: str
-    path: Path  # the PNG, under out_dir
+    path: Path | None  # the PNG, under out_dir; None for a hook that adds only markdown
     caption: str
     markdown: str = ""  # an extra section for leaderboard.md (e.g. a list of tokens)
     extra: dict = field(default_factory=dict)  # figures for summary.json
@@ -50,9 +51,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     by the first coordinate."""
     front = []
     for i, (x, y) in enumerate(points):
-        beaten = any(
-            (x2 >= x and y2 >= y) and (x2 > x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i
-        )
+        beaten = any((x2 >= x and y2 >= y) and (x2 > x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i)
         if not beaten:
             front.append(i)
     return sorted(front, key=lambda i: points[i])
@@ -84,15 +83,30 @@ def speedup_vs_retention(data: PlotInput) -> list[Plot]:
         ax = fig.add_subplot(1, len(tasks), k + 1)
         _speedup_retention_axes(ax, [r for r in data.rows if r["task"] == task], task)
     path = _save(fig, data.out_dir / "speedup_vs_retention.png")
-    return [Plot("speedup_vs_retention", path, "Decode speedup against quality retention (95 % BCa interval); dashed: Pareto front.")]
+    return [
+        Plot(
+            "speedup_vs_retention",
+            path,
+            "Decode speedup against quality retention (95 % BCa interval); dashed: Pareto front.",
+        )
+    ]
+
+
+def _by_method(data: PlotInput) -> dict[str, list[RecordPair]]:
+    """Timed pairs of every non-baseline method, all tasks pooled, in the leaderboard's order."""
+    order = [m for m in dict.fromkeys(r["method"] for r in data.rows) if m != data.baseline]
+    out: dict[str, list[RecordPair]] = {m: [] for m in order}
+    for (_, method), pairs in data.pairs.items():
+        if method in out:
+            out[method].extend(pairs)
+    return out
 
 
 def _accepted_by_method(data: PlotInput) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for (_, method), pairs in sorted(data.pairs.items()):
-        if method == data.baseline:
-            continue
-        out.setdefault(method, []).extend(int(a) for rec, _ in pairs for a in rec.get("accepted_lengths") or [])
+    out = {
+        m: [int(a) for rec, _ in pairs for a in rec.get("accepted_lengths") or []]
+        for m, pairs in _by_method(data).items()
+    }
     return {m: v for m, v in out.items() if v}
 
 
@@ -125,17 +139,15 @@ def binned_speedup(pairs: list[RecordPair], num_bins: int = 5) -> list[tuple[flo
         sel = [p for p, w in zip(pairs, which) if w == b]
         method_s = sum(float(m["decode_s"]) for m, _ in sel)
         if method_s > 0:
-            out.append((float(np.median(visual[which == b])), sum(float(v["decode_s"]) for _, v in sel) / method_s, len(sel)))
+            out.append(
+                (float(np.median(visual[which == b])), sum(float(v["decode_s"]) for _, v in sel) / method_s, len(sel))
+            )
     return out
 
 
 def speedup_vs_visual_tokens(data: PlotInput) -> list[Plot]:
     """Does a method's advantage grow with video length (the point of SpecVLM and Sparrow)?"""
-    by_method: dict[str, list[RecordPair]] = {}
-    for (_, method), pairs in sorted(data.pairs.items()):
-        if method != data.baseline:
-            by_method.setdefault(method, []).extend(pairs)
-    curves = {m: binned_speedup(p) for m, p in by_method.items()}
+    curves = {m: binned_speedup(p) for m, p in _by_method(data).items()}
     curves = {m: c for m, c in curves.items() if c}
     if not curves:
         return []
@@ -152,40 +164,58 @@ def speedup_vs_visual_tokens(data: PlotInput) -> list[Plot]:
 
 
 def _relevance_by_kind(data: PlotInput) -> tuple[dict[str, list[float]], Counter]:
-    relevance: dict[str, list[float]] = {"exact": [], "loose": []}
+    """ "<method> <kind>" -> relevance values of exactly/loosely accepted tokens; and the texts of
+    loosely accepted tokens (all methods) with their counts."""
+    relevance: dict[str, list[float]] = {}
     loose_texts: Counter = Counter()
-    for (_, method), pairs in data.pairs.items():
+    for method, pairs in _by_method(data).items():
         for rec, _ in pairs:
             for t in rec.get("token_records") or []:
                 if t.get("kind") == "loose":
                     loose_texts[t.get("text") or str(t.get("token"))] += 1
-                if t.get("kind") in relevance and t.get("relevance") is not None:
-                    relevance[t["kind"]].append(float(t["relevance"]))
+                if t.get("kind") in ("exact", "loose") and t.get("relevance") is not None:
+                    relevance.setdefault(f"{method} {t['kind']}", []).append(float(t["relevance"]))
     return relevance, loose_texts
 
 
 def relevance_histogram(data: PlotInput) -> list[Plot]:
     """Visual relevance of exactly and loosely accepted tokens: loose acceptance should land on
     low-relevance fillers, not on visual anchors."""
-    relevance, loose_texts = _relevance_by_kind(data)
-    if not any(relevance.values()):
+    relevance, _ = _relevance_by_kind(data)
+    if not relevance:
         return []
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot(1, 1, 1)
-    for kind, values in relevance.items():
-        if values:
-            ax.hist(values, bins=30, alpha=0.6, label=f"{kind} ({len(values)})")
+    for label, values in relevance.items():
+        ax.hist(values, bins=30, alpha=0.6, label=f"{label} ({len(values)})")
     ax.set_xlabel("visual relevance")
     ax.set_ylabel("accepted tokens")
     ax.legend(fontsize=8)
-    top = loose_texts.most_common(20)
-    lines = [f"| {i + 1} | `{text.strip() or repr(text)}` | {n} |" for i, (text, n) in enumerate(top)]
-    markdown = "\n".join(["### Most frequent loosely accepted tokens", "", "| # | token | count |", "|---|---|---|", *lines])
     path = _save(fig, data.out_dir / "relevance.png")
-    return [Plot("relevance", path, "Visual relevance of accepted tokens, by acceptance kind.", markdown if top else "", {"top_loose_tokens": top})]
+    return [Plot("relevance", path, "Visual relevance of accepted tokens, by method and acceptance kind.")]
 
 
-PLOT_HOOKS: list[PlotHook] = [speedup_vs_retention, tau_distribution, speedup_vs_visual_tokens, relevance_histogram]
+def loose_tokens(data: PlotInput, top_k: int = 20) -> list[Plot]:
+    """The tokens loose verification (FLy, LVSpec) accepts most often: fillers are expected,
+    colours or object names are a warning sign. A table only, no figure."""
+    _, loose_texts = _relevance_by_kind(data)
+    top = loose_texts.most_common(top_k)
+    if not top:
+        return []
+    lines = [f"| {i + 1} | `{text.strip() or repr(text)}` | {n} |" for i, (text, n) in enumerate(top)]
+    markdown = "\n".join(
+        [f"### {len(top)} most frequent loosely accepted tokens", "", "| # | token | count |", "|---|---|---|", *lines]
+    )
+    return [Plot("loose_tokens", None, "Most frequent loosely accepted tokens.", markdown, {"top_loose_tokens": top})]
+
+
+PLOT_HOOKS: list[PlotHook] = [
+    speedup_vs_retention,
+    tau_distribution,
+    speedup_vs_visual_tokens,
+    relevance_histogram,
+    loose_tokens,
+]
 
 
 def draw_all(data: PlotInput, hooks: list[PlotHook] | None = None) -> list[Plot]:

@@ -1,5 +1,6 @@
 """`lvspec-eval report` on fake lmms-eval run folders with the real file layout:
 RUN/<model>/<date>_results.json, RUN/<model>/<date>_samples_<task>.jsonl, plus decode stats."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,18 +35,33 @@ def stats_record(method: str, task: str, doc: int) -> dict:
     failed = method == "lvspec" and task == MC and doc == 5
     changed = method == "lvspec" and doc in (1, 5)
     return {
-        "task": task, "doc_id": doc, "method": method,
+        "task": task,
+        "doc_id": doc,
+        "method": method,
         "error": "CUDA out of memory" if failed else None,
-        "num_new_tokens": 0 if failed else 7, "num_steps": steps, "accepted_lengths": accepted,
-        "tau": sum(accepted) / steps, "tokens_per_step": sum(accepted) / steps + 1,
-        "prefill_s": 0.4, "prune_s": 0.0, "draft_prefill_s": 0.1, "decode_s": DECODE_S[method],
-        "draft_s": 0.0, "verify_s": 0.0, "e2e_s": DECODE_S[method] + 0.5, "num_target_forwards": steps,
-        "visual_tokens": 100 * (doc + 1), "kept_visual_tokens": 10 * (doc + 1), "peak_memory_mb": 10.0,
+        "num_new_tokens": 0 if failed else 7,
+        "num_steps": steps,
+        "accepted_lengths": accepted,
+        "tau": sum(accepted) / steps,
+        "tokens_per_step": sum(accepted) / steps + 1,
+        "prefill_s": 0.4,
+        "prune_s": 0.0,
+        "draft_prefill_s": 0.1,
+        "decode_s": DECODE_S[method],
+        "draft_s": 0.0,
+        "verify_s": 0.0,
+        "e2e_s": DECODE_S[method] + 0.5,
+        "num_target_forwards": steps,
+        "visual_tokens": 100 * (doc + 1),
+        "kept_visual_tokens": 10 * (doc + 1),
+        "peak_memory_mb": 10.0,
         "tokens": [] if failed else ([9, 9, doc] if changed else [1, 2, doc]),
         "token_records": [
             {"token": 5, "text": " a", "kind": "loose", "relevance": 0.1},
             {"token": 6, "text": " red", "kind": "exact", "relevance": 0.8},
-        ] if method == "lvspec" else [],
+        ]
+        if method == "lvspec"
+        else [],
     }
 
 
@@ -67,8 +83,16 @@ def write_run(root: Path, method: str, stats_path: Path | None) -> Path:
     (model_dir / f"{DATE}_results.json").write_text(json.dumps(results))
     for task, values, key in ((MC, MC_ACC[method], "acc"), (CAP, CAP_F1[method], "f1")):
         lines = [
-            {"doc_id": d, "target": "A", "filtered_resps": f"{method}-{d}" if method == "lvspec" and d in (1, 5) else f"answer {d}",
-             "token_counts": [None], "doc_hash": "x", "input": "q", key: float(v), "precision": 1.0}
+            {
+                "doc_id": d,
+                "target": "A",
+                "filtered_resps": f"{method}-{d}" if method == "lvspec" and d in (1, 5) else f"answer {d}",
+                "token_counts": [None],
+                "doc_hash": "x",
+                "input": "q",
+                key: float(v),
+                "precision": 1.0,
+            }
             for d, v in enumerate(values)
         ]
         (model_dir / f"{DATE}_samples_{task}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -115,7 +139,12 @@ def row(summary: dict, task: str, method: str) -> dict:
 
 def test_rows_are_ordered_baseline_first(summary):
     assert [(r["task"], r["method"]) for r in summary["rows"]] == [
-        (CAP, "vanilla"), (CAP, "sd_tree"), (CAP, "lvspec"), (MC, "vanilla"), (MC, "sd_tree"), (MC, "lvspec"),
+        (CAP, "vanilla"),
+        (CAP, "sd_tree"),
+        (CAP, "lvspec"),
+        (MC, "vanilla"),
+        (MC, "sd_tree"),
+        (MC, "lvspec"),
     ]
     assert summary["version"] == 1 and summary["baseline"] == "vanilla"
 
@@ -177,12 +206,15 @@ def test_outputs_are_written(built):
     summary, out = built
     text = (out / "summary.json").read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
-    assert {p["name"] for p in summary["plots"]} == {"speedup_vs_retention", "tau_distribution", "speedup_vs_visual_tokens", "relevance"}
-    for plot in summary["plots"]:
+    names = ["speedup_vs_retention", "tau_distribution", "speedup_vs_visual_tokens", "relevance", "loose_tokens"]
+    assert [p["name"] for p in summary["plots"]] == names
+    for plot in summary["plots"][:4]:
         assert (out / plot["path"]).read_bytes()[:4] == b"\x89PNG"
+    assert summary["plots"][4]["path"] is None
+    assert summary["plots"][4]["top_loose_tokens"] == [[" a", 9]]  # lvspec's 9 timed samples, one each
     md = (out / "leaderboard.md").read_text()
     assert "| demo_mc | lvspec | no | 6 | 1 | 4.00 | 5.00 | 4.00x |" in md
-    assert "Most frequent loosely accepted tokens" in md and "`a`" in md
+    assert "most frequent loosely accepted tokens" in md and "| 1 | `a` | 9 |" in md
     page = (out / "leaderboard.html").read_text()
     assert page.count("data:image/png;base64,") == 4 and "<table>" in page
 
@@ -226,7 +258,19 @@ def test_unknown_option_and_bad_metric_are_errors(runs, tmp_path):
 def test_cli_prints_the_table(runs, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     report.register(parser.add_subparsers())
-    args = parser.parse_args(["report", *map(str, runs), "-o", str(tmp_path / "cli"), "--metric", f"{CAP}=f1", "--n-boot", "100", "--no-plots"])
+    args = parser.parse_args(
+        [
+            "report",
+            *map(str, runs),
+            "-o",
+            str(tmp_path / "cli"),
+            "--metric",
+            f"{CAP}=f1",
+            "--n-boot",
+            "100",
+            "--no-plots",
+        ]
+    )
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert out.startswith("| task | method | lossless |") and "| demo_cap | sd_tree | yes | 4 | 0 |" in out
@@ -236,7 +280,10 @@ def test_cli_prints_the_table(runs, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        ("pretrained=demo,method=sd_tree,stats_path=/x/s.jsonl", {"pretrained": "demo", "method": "sd_tree", "stats_path": "/x/s.jsonl"}),
+        (
+            "pretrained=demo,method=sd_tree,stats_path=/x/s.jsonl",
+            {"pretrained": "demo", "method": "sd_tree", "stats_path": "/x/s.jsonl"},
+        ),
         ({"method": "vanilla", "max_new_tokens": 8}, {"method": "vanilla", "max_new_tokens": "8"}),
         ("", {}),
     ],
@@ -247,7 +294,14 @@ def test_parse_model_args(args, expected):
 
 @pytest.mark.parametrize(
     ("method", "lossless"),
-    [("vanilla", True), ("specvlm", True), ("fly", False), ("lvspec", False), ("custom:sparrow+exact", True), ("custom:model+loose", False)],
+    [
+        ("vanilla", True),
+        ("specvlm", True),
+        ("fly", False),
+        ("lvspec", False),
+        ("custom:sparrow+exact", True),
+        ("custom:model+loose", False),
+    ],
 )
 def test_lossless_methods(method, lossless):
     assert report.is_lossless(method) is lossless
@@ -259,5 +313,16 @@ def test_pareto_front():
 
 
 def test_binned_speedup_is_a_ratio_of_summed_times():
-    pairs = [({"decode_s": 1.0}, {"decode_s": 2.0, "visual_tokens": 10}), ({"decode_s": 1.0}, {"decode_s": 4.0, "visual_tokens": 1000})]
+    pairs = [
+        ({"decode_s": 1.0}, {"decode_s": 2.0, "visual_tokens": 10}),
+        ({"decode_s": 1.0}, {"decode_s": 4.0, "visual_tokens": 1000}),
+    ]
     assert report_plots.binned_speedup(pairs, num_bins=2) == [(10.0, 2.0, 1), (1000.0, 4.0, 1)]
+
+
+def test_summary_feeds_the_check_gate(summary):
+    from lvspec_eval import check
+
+    failures, _ = check.check_summary(summary, check.Gate(min_retention=0.9))
+    assert all(line.startswith("FAIL lvspec on demo_") for line in failures)
+    assert any("demo_mc: retention lower bound" in line for line in failures)

@@ -1,4 +1,5 @@
 """judges/stats.py against known values: hand-computed tests, a textbook Holm example, scipy."""
+
 from __future__ import annotations
 
 import math
@@ -65,7 +66,11 @@ def test_bca_interval_agrees_with_scipy_bca():
     ref = sps.bootstrap(
         (method, vanilla),
         lambda m, v, axis=-1: m.mean(axis=axis) / v.mean(axis=axis),
-        paired=True, vectorized=True, n_resamples=4000, method="BCa", rng=0,
+        paired=True,
+        vectorized=True,
+        n_resamples=4000,
+        method="BCa",
+        rng=0,
     ).confidence_interval
     assert ours.lo == pytest.approx(ref.low, abs=3e-3)
     assert ours.hi == pytest.approx(ref.high, abs=3e-3)

@@ -60,6 +60,7 @@ class DecodeState:
     next_pos: int  # sequence index (in the unpruned sequence) of the first pending token
     pending: list[int]  # committed tokens whose KV entries are not computed yet
     temp_len: int = 0
+    prompt_hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [prompt_len, hidden]
     visual_hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [num_visual, hidden]
     extra: dict = field(default_factory=dict)  # family-specific (e.g. Qwen's rope delta)
 
@@ -153,7 +154,8 @@ class Backend:
         visual_attention: run the prompt in two parts, up to the last visual token and the text
         after it, and record in state.extra["visual_attention"] the attention the second part
         pays to each visual token (SpecVLM's pruning scores).
-        hidden_layers: record the visual tokens' hidden states at these layers.
+        hidden_layers: record the prompt's hidden states at these layers (state.prompt_hidden, and
+        the visual tokens' rows in state.visual_hidden).
         """
         embeds, positions = self.input_embeds(inputs), self.prefill_positions(inputs)
         seq_len = embeds.shape[1]
@@ -183,9 +185,10 @@ class Backend:
                 if col is not None:
                     state.extra["visual_attention"] = col.scores()
                 parts.append({k: v.clone() for k, v in hidden.items()})
-        if hidden_layers and end and keep_visual is None:
-            for layer in hidden_layers:
-                state.visual_hidden[layer] = torch.cat([p[layer] for p in parts])[vmask]
+        for layer in hidden_layers:
+            state.prompt_hidden[layer] = torch.cat([p[layer] for p in parts])
+            if keep_visual is None:
+                state.visual_hidden[layer] = state.prompt_hidden[layer][vmask]
         return state, self.lm_head(out.last_hidden_state[:, -1])[0]
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:

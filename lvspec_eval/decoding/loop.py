@@ -46,8 +46,7 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     inputs = backend.prepare(prompt, videos)
     inputs.extra["request"] = (prompt, videos)
     layers = tuple(sorted(set(verifier.hidden_layers) | set(drafter.hidden_layers)))
-    state, logits = backend.prefill(inputs, hidden_layers=verifier.hidden_layers,
-                                    visual_attention=drafter.needs_visual_attention)
+    state, logits = backend.prefill(inputs, hidden_layers=layers, visual_attention=drafter.needs_visual_attention)
     stats.prefill_s = clock() - t0
     stats.visual_tokens = stats.kept_visual_tokens = inputs.num_visual_tokens
     stats.prompt_tokens = int(inputs.input_ids.shape[1])

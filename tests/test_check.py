@@ -1,0 +1,135 @@
+"""`lvspec-eval check`: the CI gate passes and fails on crafted summaries."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from lvspec_eval import check
+
+
+def make_row(method: str, task: str = "videomme", **figures) -> dict:
+    row = {
+        "task": task,
+        "method": method,
+        "lossless": method in ("vanilla", "sd_tree"),
+        "n": 100,
+        "failed": 0,
+        "tau": 2.0,
+        "tokens_per_step": 3.0,
+        "decode_speedup": 2.0,
+        "e2e_speedup": 1.5,
+        "decode_tokens_per_s": 50.0,
+        "quality": 0.6,
+        "metric": "acc",
+        "retention": 1.0,
+        "retention_ci": [0.995, 1.005],
+        "non_inferior": True,
+        "margin": 0.01,
+        "exact_match_rate": 1.0,
+        "p_value": 1.0,
+        "p_holm": 1.0,
+        "test": "mcnemar_exact",
+    }
+    if method == "vanilla":
+        row.update(decode_speedup=1.0, e2e_speedup=1.0, retention_ci=[1.0, 1.0], test=None, p_value=None, p_holm=None)
+    row.update(figures)
+    return row
+
+
+def make_summary(*rows: dict) -> dict:
+    return {"version": 1, "baseline": "vanilla", "rows": list(rows), "plots": []}
+
+
+GOOD = make_summary(
+    make_row("vanilla"), make_row("sd_tree"), make_row("lvspec", exact_match_rate=0.8, retention_ci=[0.992, 1.01])
+)
+
+
+def run_check(tmp_path: Path, summary: dict, *extra: str, old: dict | None = None) -> int:
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    argv = ["check", str(path), "--min-retention", "0.99", *extra]
+    if old is not None:
+        (tmp_path / "old.json").write_text(json.dumps(old))
+        argv += ["--baseline", str(tmp_path / "old.json")]
+    parser = argparse.ArgumentParser()
+    check.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_good_summary_passes_with_ok_table(tmp_path, capsys):
+    assert run_check(tmp_path, GOOD, "--min-speedup", "1.5") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK: 3 rows pass")
+    assert "lvspec" in out and "0.992" in out
+
+
+def test_low_retention_lower_bound_fails(tmp_path, capsys):
+    bad = make_summary(make_row("vanilla"), make_row("fly", retention_ci=[0.97, 1.0], exact_match_rate=0.5))
+    assert run_check(tmp_path, bad) == 1
+    assert capsys.readouterr().out.splitlines() == ["FAIL fly on videomme: retention lower bound 0.97 < 0.99 (n=100)"]
+
+
+def test_unknown_retention_bound_fails(tmp_path, capsys):
+    bad = make_summary(make_row("vanilla"), make_row("lvspec", retention_ci=[None, None], n=1, exact_match_rate=0.0))
+    assert run_check(tmp_path, bad) == 1
+    assert "lvspec on videomme: retention lower bound unknown < 0.99 (n=1)" in capsys.readouterr().out
+
+
+def test_lossless_method_with_changed_output_fails(tmp_path, capsys):
+    bad = make_summary(make_row("vanilla"), make_row("sd_tree", exact_match_rate=0.98))
+    assert run_check(tmp_path, bad) == 1
+    assert (
+        capsys.readouterr().out.strip() == "FAIL sd_tree on videomme: lossless method has exact_match_rate 0.98 < 1.0"
+    )
+
+
+def test_min_speedup_applies_to_non_baseline_rows_only(tmp_path, capsys):
+    assert run_check(tmp_path, GOOD, "--min-speedup", "2.5") == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "FAIL sd_tree on videomme: decode_speedup 2 < 2.5",
+        "FAIL lvspec on videomme: decode_speedup 2 < 2.5",
+    ]
+
+
+def test_regression_against_baseline_summary(tmp_path, capsys):
+    old = copy.deepcopy(GOOD)
+    new = copy.deepcopy(GOOD)
+    new["rows"][1]["decode_speedup"] = 1.85  # 2.0 -> 1.85: -7.5 %, beyond 5 %
+    new["rows"][2]["quality"] = 0.58  # 0.6 -> 0.58: -3.3 %, within 5 %
+    assert run_check(tmp_path, new, old=old) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "FAIL sd_tree on videomme: decode_speedup 1.85 regressed from 2 (allowed down to 1.9, tolerance 0.05)"
+    ]
+    assert run_check(tmp_path, new, "--tolerance", "0.1", old=old) == 0
+
+
+def test_rows_missing_from_new_summary_are_notes(tmp_path, capsys):
+    old = make_summary(*GOOD["rows"], make_row("specvlm", task="vdc"))
+    assert run_check(tmp_path, GOOD, old=old) == 0
+    assert "note: specvlm on vdc is in the baseline summary but not in this one" in capsys.readouterr().out
+
+
+def test_empty_summary_fails(tmp_path, capsys):
+    assert run_check(tmp_path, make_summary()) == 1
+    assert "no rows" in capsys.readouterr().out
+
+
+def test_bad_version_and_tolerance_are_errors(tmp_path):
+    with pytest.raises(ValueError, match="version 2; supported: 1"):
+        run_check(tmp_path, {**GOOD, "version": 2})
+    with pytest.raises(ValueError, match="--tolerance 5.0; allowed"):
+        run_check(tmp_path, GOOD, "--tolerance", "5")
+
+
+def test_check_summary_is_usable_without_the_cli():
+    failures, notes = check.check_summary(GOOD, check.Gate(min_retention=0.995))
+    assert failures == ["FAIL lvspec on videomme: retention lower bound 0.992 < 0.995 (n=100)"] and notes == []
