@@ -3,8 +3,8 @@
 Why each piece:
 - Any OpenAI-compatible server (OpenAI, Azure, vLLM, llama.cpp, Ollama) can judge, but they
   differ in what `response_format` they take. We try the strictest first (json_schema), fall back
-  to json_object, then to plain text, and remember per client (and in the cache, per endpoint and
-  model) which one worked. The prompt always describes the reply format, so every mode sends the
+  to json_object with the schema attached (llama-cpp-python's form), then plain json_object, then
+  plain text, and remember per client (and in the cache, per endpoint and model) which one worked. The prompt always describes the reply format, so every mode sends the
   same messages.
 - temperature 0 and a fixed seed: a judgment should be a function of its input.
 - Two kinds of retry: the openai client's own (`max_retries`: connection errors, 429, 5xx), and
@@ -25,7 +25,7 @@ import openai
 from tqdm import tqdm
 
 from judges.cache import JudgeCache, request_key
-from judges.config import FORMAT_MODES, JudgeConfig, api_key_from_env
+from judges.config import FORMAT_MODES, KEY_VARS, JudgeConfig, api_key_from_env
 from judges import prompts
 from judges.prompts import Messages, PromptSpec, parse_reply
 
@@ -35,6 +35,10 @@ log = logging.getLogger("judges")
 _NOT_A_FORMAT_PROBLEM = (401, 403, 404, 429)
 _FATAL = (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError)
 NO_KEY = "EMPTY"  # sent to local servers that need no key (vLLM's convention); OpenAI rejects it
+
+
+class JudgeSetupError(RuntimeError):
+    """The judge refused us as a client (key, permission, model or URL): stop, do not record missing."""
 
 
 @dataclass(frozen=True)
@@ -139,8 +143,8 @@ class JudgeClient:
         for attempt in range(self.config.parse_retries + 1):
             try:
                 raw, cached = self._ask(request.spec, messages)
-            except _FATAL:
-                raise  # wrong key, model or URL: every other request would fail the same way
+            except _FATAL as err:  # wrong key, model or URL: every other request would fail the same way
+                raise JudgeSetupError(_setup_message(err, self.endpoint, self.config.api_type)) from None
             except openai.APIError as err:
                 error = f"request failed: {type(err).__name__}: {err}"
                 break
@@ -226,6 +230,8 @@ class JudgeClient:
                 "type": "json_schema",
                 "json_schema": {"name": spec.name.replace("-", "_"), "schema": spec.schema, "strict": True},
             }
+        elif mode == "json_object_schema":
+            kwargs["response_format"] = {"type": "json_object", "schema": spec.schema}
         elif mode == "json_object":
             kwargs["response_format"] = {"type": "json_object"}
         self._count(requests_sent=1)
@@ -233,6 +239,22 @@ class JudgeClient:
         if not completion.choices:
             return ""
         return completion.choices[0].message.content or ""
+
+
+def _setup_message(err: openai.APIStatusError, endpoint: str, api_type: str) -> str:
+    """A message about a refused request that cannot leak the key.
+
+    A 401 message from OpenAI quotes part of the key, so it is dropped; other messages (model not
+    found, no permission) are kept with any exact copy of the key removed.
+    """
+    hint = f"check the key variable ({' or '.join(KEY_VARS[api_type])}), MODEL_VERSION and the base URL"
+    if err.status_code == 401:
+        return f"judge at {endpoint}: HTTP 401, authentication failed; {hint}"
+    detail = str(err.message)
+    key = api_key_from_env(api_type)
+    if key:
+        detail = detail.replace(key, "[redacted]")
+    return f"judge at {endpoint}: HTTP {err.status_code}: {detail}; {hint}"
 
 
 def _reask(spec: PromptSpec, raw: str, reason: str) -> Messages:

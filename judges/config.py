@@ -14,7 +14,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
 API_TYPES = ("openai", "azure")
-FORMAT_MODES = ("json_schema", "json_object", "text")  # best first; see client.py
+# Best first; see client.py. json_object_schema is json_object plus a "schema" key, the form
+# llama-cpp-python's server constrains its grammar with (it rejects json_schema).
+FORMAT_MODES = ("json_schema", "json_object_schema", "json_object", "text")
 RESPONSE_FORMATS = ("auto",) + FORMAT_MODES
 DEFAULT_MODEL = "gpt-4o-2024-11-20"  # lmms-eval's default MODEL_VERSION for its video judges
 DEFAULT_AZURE_API_VERSION = "2024-02-15-preview"  # lmms-eval's default
@@ -37,7 +39,7 @@ class JudgeConfig:
     base_url: str | None = None  # None: the openai client's default endpoint
     azure_endpoint: str | None = None
     api_version: str = DEFAULT_AZURE_API_VERSION
-    response_format: str = "auto"  # "auto" negotiates json_schema -> json_object -> text
+    response_format: str = "auto"  # "auto" negotiates, best first: see FORMAT_MODES
     timeout_s: float = 120.0
     max_retries: int = 2  # the openai client's own retries (connection errors, 408/409/429/5xx)
     parse_retries: int = 2  # re-asks when a reply does not parse or validate

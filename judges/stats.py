@@ -144,12 +144,14 @@ def _bca_levels(ratios: np.ndarray, estimate: float, a: float, alpha: float) -> 
     with 0/1 metrics many resamples equal it exactly, and counting them as "not below" would
     shift the interval for no reason."""
     b = len(ratios)
-    share = (np.sum(ratios < estimate) + 0.5 * np.sum(ratios == estimate)) / b
+    tie = np.isclose(ratios, estimate, rtol=1e-12, atol=0.0)  # equal up to summation order
+    share = (np.sum((ratios < estimate) & ~tie) + 0.5 * np.sum(tie)) / b
     z0 = sps.norm.ppf(np.clip(share, 0.5 / b, 1 - 0.5 / b))
     levels = []
     for z in sps.norm.ppf([alpha / 2, 1 - alpha / 2]):
         shifted = z0 + z
-        levels.append(float(sps.norm.cdf(z0 + shifted / (1 - a * shifted))))
+        denom = 1 - a * shifted  # <= 0 only for an extreme acceleration: take the outermost level
+        levels.append(float(sps.norm.cdf(z0 + shifted / denom)) if denom > 0 else float(z > 0))
     return levels[0], levels[1]
 
 

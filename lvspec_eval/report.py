@@ -11,7 +11,10 @@ Inputs (found recursively under each RUN folder):
   else relative to RUN) and any `stats*.jsonl` under RUN; records whose "method" differs from
   the run's are ignored, so several runs may share one file. A record per sample: "task",
   "doc_id", "method", "error", "num_new_tokens", "num_steps", "accepted_lengths", "tau",
-  "decode_s", "e2e_s", "visual_tokens", "tokens", optional "token_records", ...
+  "decode_s", "e2e_s", "visual_tokens", "tokens", and for the relevance plot either
+  "token_records" [{"token", "text", "kind", "relevance"}] or the parallel lists "kinds",
+  "relevance", "token_texts" (what lvspec_eval/runner.py writes). A model_args without method=
+  is vanilla (the model's default); method=custom,drafter=D,verifier=V is "custom:D+V".
 
 How figures are computed (per task and method, against the baseline):
 - Quality: mean per-sample metric over the samples both runs have (paired by doc_id). The metric
@@ -29,8 +32,8 @@ How figures are computed (per task and method, against the baseline):
 
 summary.json (read by `lvspec-eval check`; NaN is written as null):
 {"version": 1, "baseline": "vanilla", "alpha": 0.05, "n_boot": 2000,
- "rows": [{"task", "method", "lossless": bool (vanilla, sd_tree, specvlm, sparrow, and
-   "custom:<drafter>+exact"), "n" (paired samples), "n_timed", "failed", "tau",
+ "rows": [{"task", "method", "lossless": bool (verifier exact: vanilla, sd_tree, specvlm,
+   sparrow, "custom:<drafter>+exact", or any method run with verifier=exact), "n" (paired samples), "n_timed", "failed", "tau",
    "tokens_per_step", "decode_speedup", "e2e_speedup", "decode_tokens_per_s", "quality",
    "vanilla_quality", "metric", "retention", "retention_ci": [lo, hi], "non_inferior",
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
@@ -87,6 +90,7 @@ class TaskRun:
     samples: dict[str, dict]  # doc_id -> logged sample
     stats: dict[str, dict]  # doc_id -> decode-stats record
     source: Path  # the results file
+    lossless: bool
 
 
 # ---------------------------------------------------------------------------------------- loading
@@ -100,7 +104,23 @@ def parse_model_args(value: str | Mapping | None) -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in (p if len(p) == 2 else (p[0], "") for p in pairs)}
 
 
-def is_lossless(method: str) -> bool:
+def run_method(model_args: Mapping[str, str], where: str) -> str:
+    """The row name, as the lvspec model labels its stats records: `method` (default vanilla, as
+    in the model), or "custom:<drafter>+<verifier>" for method=custom."""
+    method = model_args.get("method") or "vanilla"
+    if method != "custom":
+        return method
+    drafter, verifier = model_args.get("drafter"), model_args.get("verifier")
+    if not drafter or not verifier:
+        raise ValueError(f"{where}: method=custom without drafter=<name> and verifier=<name> in model_args")
+    return f"custom:{drafter}+{verifier}"
+
+
+def is_lossless(method: str, verifier: str | None = None) -> bool:
+    """Exact verification is lossless. `verifier` is model_args' verifier= (it may swap the
+    verifier of a named method); without it the method name decides."""
+    if verifier:
+        return verifier == "exact"
     if method.startswith("custom:"):
         return method.rsplit("+", 1)[-1] == "exact"
     return method in LOSSLESS_METHODS
@@ -151,11 +171,8 @@ def load_results_file(path: Path, run_dir: Path) -> list[TaskRun]:
     data = json.loads(path.read_text(encoding="utf-8"))
     config = data.get("config") or {}
     model_args = parse_model_args(config.get("model_args", data.get("model_args")))
-    method = model_args.get("method")
-    if not method:
-        raise ValueError(
-            f"{path}: model_args {config.get('model_args')!r} has no method=<name>; expected e.g. method=vanilla"
-        )
+    method = run_method(model_args, str(path))
+    lossless = is_lossless(method, model_args.get("verifier"))
     decode_stats = load_stats(stats_files(model_args, path, run_dir), method)
     date_id = path.name[: -len("_results.json")]
     runs = []
@@ -166,7 +183,8 @@ def load_results_file(path: Path, run_dir: Path) -> list[TaskRun]:
                 log.warning("%s: no samples file for task %s (run lmms-eval with --log_samples)", path, task)
             continue
         samples = {str(s["doc_id"]): s for s in read_jsonl(samples_path)}
-        runs.append(TaskRun(method, task, metric_names(task_results), samples, decode_stats.get(task, {}), path))
+        metrics = metric_names(task_results)
+        runs.append(TaskRun(method, task, metrics, samples, decode_stats.get(task, {}), path, lossless))
     return runs
 
 
@@ -318,7 +336,7 @@ def method_row(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions)
             run.method,
             run.task,
         )
-    row = {"task": run.task, "method": run.method, "lossless": is_lossless(run.method)}
+    row = {"task": run.task, "method": run.method, "lossless": run.lossless}
     row["failed"] = sum(1 for r in run.stats.values() if r.get("error"))
     row.update(speed_fields(pairs))
     row.update(quality_fields(run, vanilla, metric, opts))

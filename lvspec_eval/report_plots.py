@@ -62,7 +62,7 @@ def _speedup_retention_axes(ax, rows: list[dict], task: str) -> None:
     points = [(r["retention"], r["decode_speedup"]) for r in rows]
     for r, (x, y) in zip(rows, points):
         lo, hi = r["retention_ci"] if r["retention_ci"][0] is not None else (x, x)
-        ax.errorbar(x, y, xerr=[[x - lo], [hi - x]], fmt="o", capsize=3)
+        ax.errorbar(x, y, xerr=[[max(x - lo, 0.0)], [max(hi - x, 0.0)]], fmt="o", capsize=3)
         ax.annotate(r["method"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     front = [points[i] for i in pareto_front(points)]
     if front:
@@ -87,7 +87,7 @@ def speedup_vs_retention(data: PlotInput) -> list[Plot]:
         Plot(
             "speedup_vs_retention",
             path,
-            "Decode speedup against quality retention (95 % BCa interval); dashed: Pareto front.",
+            "Decode speedup against quality retention (bars: BCa interval); dashed: Pareto front.",
         )
     ]
 
@@ -163,6 +163,21 @@ def speedup_vs_visual_tokens(data: PlotInput) -> list[Plot]:
     return [Plot("speedup_vs_visual_tokens", path, "Decode speedup per bin of visual-token count, all tasks pooled.")]
 
 
+def token_records(rec: dict) -> list[dict]:
+    """Per committed token {"token", "text", "kind", "relevance"}: the record's "token_records",
+    else zipped from the parallel lists the runner writes ("tokens", "token_texts", "kinds",
+    "relevance")."""
+    if rec.get("token_records") is not None:
+        return rec["token_records"]
+    kinds = rec.get("kinds") or []
+    n = len(kinds)
+    tokens = (rec.get("tokens") or [None] * n)[:n]
+    texts = (rec.get("token_texts") or [None] * n)[:n]
+    relevance = (rec.get("relevance") or [None] * n)[:n]
+    keys = ("token", "text", "kind", "relevance")
+    return [dict(zip(keys, values)) for values in zip(tokens, texts, kinds, relevance)]
+
+
 def _relevance_by_kind(data: PlotInput) -> tuple[dict[str, list[float]], Counter]:
     """ "<method> <kind>" -> relevance values of exactly/loosely accepted tokens; and the texts of
     loosely accepted tokens (all methods) with their counts."""
@@ -170,7 +185,7 @@ def _relevance_by_kind(data: PlotInput) -> tuple[dict[str, list[float]], Counter
     loose_texts: Counter = Counter()
     for method, pairs in _by_method(data).items():
         for rec, _ in pairs:
-            for t in rec.get("token_records") or []:
+            for t in token_records(rec):
                 if t.get("kind") == "loose":
                     loose_texts[t.get("text") or str(t.get("token"))] += 1
                 if t.get("kind") in ("exact", "loose") and t.get("relevance") is not None:
@@ -186,8 +201,10 @@ def relevance_histogram(data: PlotInput) -> list[Plot]:
         return []
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot(1, 1, 1)
+    every = np.concatenate([np.asarray(v) for v in relevance.values()])
+    bins = np.linspace(min(every.min(), 0.0), max(every.max(), 1.0), 31)  # shared, so kinds compare
     for label, values in relevance.items():
-        ax.hist(values, bins=30, alpha=0.6, label=f"{label} ({len(values)})")
+        ax.hist(values, bins=bins, alpha=0.6, label=f"{label} ({len(values)})")
     ax.set_xlabel("visual relevance")
     ax.set_ylabel("accepted tokens")
     ax.legend(fontsize=8)

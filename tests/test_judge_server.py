@@ -2,7 +2,7 @@
 
 No recordings here: a real server process on 127.0.0.1, the real openai client, real replies.
 Checks the plumbing, not judging quality (a 135M model is no judge): format negotiation (this
-server answers json_schema with HTTP 500 and takes json_object), the cache (a second run sends
+server answers json_schema with HTTP 500 and takes json_object with a schema), the cache (a second run sends
 nothing, counted in the server's own access log), and that every score is 0-5 or missing.
 Install the server with `bash scripts/judge_server.sh .venv`; without it these tests skip.
 """
@@ -42,12 +42,12 @@ def _items() -> list[CaptionItem]:
     return [CaptionItem(f"demo/{n}", c.caption, c.reference, world.CAPTION_PROMPT) for n, c in enumerate(cands)]
 
 
-def test_real_server_negotiates_json_object_and_second_run_hits_the_cache(server, tmp_path):
+def test_real_server_negotiates_json_object_second_run_hits_the_cache(server, tmp_path):
     items = _items()
     with JudgeCache(tmp_path / "cache.sqlite") as cache:
         first = _client(server, cache)
         results = score_captions(first, items, "detail")
-        assert first.format_mode == "json_object" and first.stats.format_fallbacks == 1
+        assert first.format_mode == "json_object_schema" and first.stats.format_fallbacks == 1
         sent = server.request_count()
         # our requests + the openai client's retries of the rejected json_schema probe
         assert sent == first.stats.requests_sent + MAX_RETRIES
@@ -57,7 +57,7 @@ def test_real_server_negotiates_json_object_and_second_run_hits_the_cache(server
         again = score_captions(second, items, "detail")
         assert server.request_count() == sent, "the second run sent requests despite the cache"
         assert second.stats.requests_sent == 0 and second.stats.cache_hits >= len(items)
-        assert second.format_mode == "json_object"  # remembered in the cache, no renegotiation
+        assert second.format_mode == "json_object_schema"  # remembered in the cache, no renegotiation
     assert [r["score"] for r in again] == [r["score"] for r in results]
     for r in results:
         assert r["score"] is None or 0 <= r["score"] <= 5

@@ -12,13 +12,12 @@ import threading
 from pathlib import Path
 
 import httpx2
-import openai
 import pytest
 
 from judges import cli as judge_cli
 from judges import prompts
 from judges.cache import JudgeCache
-from judges.client import CaptionItem, JudgeClient, JudgeRequest, score_captions
+from judges.client import CaptionItem, JudgeClient, JudgeRequest, JudgeSetupError, score_captions
 from judges.config import JudgeConfig
 
 SECRET = "sk-test-secret-0123456789"
@@ -39,7 +38,8 @@ class FakeJudge:
         with self._lock:
             self.bodies.append(body)
             self.requests.append(request)
-        mode = (body.get("response_format") or {}).get("type", "text")
+        format_ = body.get("response_format") or {}
+        mode = format_.get("type", "text") + ("_schema" if "schema" in format_ else "")
         if mode in self.reject:
             return httpx2.Response(self.status, json={"error": {"message": f"{mode} not supported"}})
         message = {"role": "assistant", "content": self.reply(body)}
@@ -135,29 +135,54 @@ def test_json_schema_is_tried_first_and_kept_when_accepted():
     assert client.format_mode == "json_schema"
 
 
-def test_rejected_json_schema_falls_back_to_json_object_once():
-    fake = FakeJudge(reject=("json_schema",), status=500)
+def test_rejected_json_schema_falls_back_to_json_object_with_schema_once():
+    fake = FakeJudge(reject=("json_schema",), status=500)  # what llama-cpp-python's server does
     client = make_client(fake)
     assert client.judge(detail_request("a")).value == {"score": 4}
     assert client.judge(detail_request("b")).value == {"score": 4}
     kinds = [(b.get("response_format") or {}).get("type") for b in fake.bodies]
     assert kinds == ["json_schema", "json_object", "json_object"]
-    assert client.format_mode == "json_object" and client.stats.format_fallbacks == 1
+    assert fake.bodies[1]["response_format"]["schema"] == prompts.DETAIL.schema
+    assert client.format_mode == "json_object_schema" and client.stats.format_fallbacks == 1
+
+
+def test_server_rejecting_the_schema_key_gets_plain_json_object():
+    fake = FakeJudge(reject=("json_schema", "json_object_schema"), status=400)
+    client = make_client(fake)
+    assert client.judge(detail_request()).value == {"score": 4}
+    assert fake.bodies[-1]["response_format"] == {"type": "json_object"} and client.format_mode == "json_object"
+    assert client.stats.format_fallbacks == 2
 
 
 def test_server_taking_no_response_format_gets_plain_text():
-    fake = FakeJudge(reply=lambda body: 'Here you go: {"score": 3} hope it helps', reject=("json_schema", "json_object"),
-                     status=400)
+    fake = FakeJudge(reply=lambda body: 'Here you go: {"score": 3} hope it helps',
+                     reject=("json_schema", "json_object_schema", "json_object"), status=422)
     client = make_client(fake)
     assert client.judge(detail_request()).value == {"score": 3}
     assert "response_format" not in fake.bodies[-1] and client.format_mode == "text"
 
 
-def test_auth_error_is_not_taken_for_a_format_problem():
+def test_auth_error_is_not_taken_for_a_format_problem_and_does_not_leak_the_key(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     fake = FakeJudge(reject=("json_schema",), status=401)
-    with pytest.raises(openai.AuthenticationError):
+    fake.reply = None
+    with pytest.raises(JudgeSetupError, match="HTTP 401") as caught:
         make_client(fake).judge(detail_request())
     assert len(fake.bodies) == 1
+    assert SECRET[:8] not in str(caught.value) and caught.value.__cause__ is None
+
+
+def test_unknown_model_stops_with_the_servers_reason_and_no_key(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+
+    def handler(request):
+        return httpx2.Response(404, json={"error": {"message": f"model judge-x not found (key {SECRET})"}})
+
+    config = JudgeConfig(model="judge-x", base_url="http://judge.test/v1", max_retries=0)
+    client = JudgeClient(config, http_client=httpx2.Client(transport=httpx2.MockTransport(handler)), progress=False)
+    with pytest.raises(JudgeSetupError, match="model judge-x not found") as caught:
+        client.judge(detail_request())
+    assert SECRET not in str(caught.value)
 
 
 def test_greedy_fixed_seed_and_schema_in_prompt():
@@ -189,7 +214,8 @@ def test_reply_failing_validation_is_missing_not_zero():
 
 
 def test_server_error_after_retries_is_recorded_missing_with_reason():
-    fake = FakeJudge(reject=("json_schema", "json_object", "text"), status=503)
+    fake = FakeJudge(reject=("json_schema", "json_object_schema", "json_object", "text"),
+                     status=503)
     judgment = make_client(fake).judge(detail_request())
     assert judgment.value is None and "InternalServerError" in judgment.error
 
@@ -210,7 +236,7 @@ def test_second_run_is_served_from_the_cache_including_the_format(tmp_path):
         assert cache.count() == 5
     assert len(fake.bodies) == sent and client.stats.requests_sent == 0 and client.stats.cache_hits == 5
     assert all(j.cached and j.value == {"score": 4} for j in judged)
-    assert client.format_mode == "json_object"
+    assert client.format_mode == "json_object_schema"
 
 
 def test_interrupted_run_resumes_without_asking_again(tmp_path):

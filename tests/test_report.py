@@ -26,12 +26,12 @@ CAP_F1 = {
     "lvspec": [0.5, 0.7, 0.6, 0.75],
 }
 DECODE_S = {"vanilla": 1.0, "sd_tree": 0.5, "lvspec": 0.25}  # per sample
-ACCEPTED = {"vanilla": [], "sd_tree": [2, 3], "lvspec": [4, 4]}  # per sample
+ACCEPTED = {"vanilla": [0] * 7, "sd_tree": [2, 3], "lvspec": [4, 4]}  # per sample
 
 
 def stats_record(method: str, task: str, doc: int) -> dict:
     accepted = ACCEPTED[method]
-    steps = len(accepted) if accepted else 7
+    steps = len(accepted)
     failed = method == "lvspec" and task == MC and doc == 5
     changed = method == "lvspec" and doc in (1, 5)
     return {
@@ -56,12 +56,10 @@ def stats_record(method: str, task: str, doc: int) -> dict:
         "kept_visual_tokens": 10 * (doc + 1),
         "peak_memory_mb": 10.0,
         "tokens": [] if failed else ([9, 9, doc] if changed else [1, 2, doc]),
-        "token_records": [
-            {"token": 5, "text": " a", "kind": "loose", "relevance": 0.1},
-            {"token": 6, "text": " red", "kind": "exact", "relevance": 0.8},
-        ]
-        if method == "lvspec"
-        else [],
+        # per committed token, as lvspec_eval/runner.py writes them (parallel lists)
+        "kinds": ["loose", "exact", "target"] if method == "lvspec" else ["exact", "exact", "target"],
+        "relevance": [0.1, 0.8, None] if method == "lvspec" else [None, None, None],
+        "token_texts": [" a", " red", "."],
     }
 
 
@@ -326,3 +324,41 @@ def test_summary_feeds_the_check_gate(summary):
     failures, _ = check.check_summary(summary, check.Gate(min_retention=0.9))
     assert all(line.startswith("FAIL lvspec on demo_") for line in failures)
     assert any("demo_mc: retention lower bound" in line for line in failures)
+
+
+def test_custom_method_is_named_like_the_runner_names_it(runs, tmp_path):
+    """method=custom,drafter=model,verifier=exact is row "custom:model+exact", matched to the
+    stats records the runner labels that way, and lossless because its verifier is exact."""
+    results = next((runs[1] / "demo").glob("*_results.json"))
+    data = json.loads(results.read_text())
+    data["config"]["model_args"] = "pretrained=demo,method=custom,drafter=model,verifier=exact"
+    results.write_text(json.dumps(data))
+    stats_file = runs[1] / "stats_sd.jsonl"
+    stats_file.write_text(stats_file.read_text().replace('"method": "sd_tree"', '"method": "custom:model+exact"'))
+    summary = report.build_report(runs, tmp_path / "o7", n_boot=100, plots=False)
+    custom = row(summary, MC, "custom:model+exact")
+    assert custom["lossless"] is True and custom["decode_speedup"] == pytest.approx(2.0)
+    assert [r["method"] for r in summary["rows"] if r["task"] == MC] == ["vanilla", "lvspec", "custom:model+exact"]
+
+
+def test_run_method_defaults_and_custom():
+    assert report.run_method({}, "x") == "vanilla"
+    assert (
+        report.run_method({"method": "custom", "drafter": "sparrow", "verifier": "lvspec"}, "x")
+        == "custom:sparrow+lvspec"
+    )
+    with pytest.raises(ValueError, match="method=custom without drafter"):
+        report.run_method({"method": "custom", "drafter": "model"}, "results.json")
+    assert report.is_lossless("lvspec", verifier="exact") is True
+    assert report.is_lossless("sd_tree", verifier="fly") is False
+
+
+def test_token_records_from_either_layout():
+    explicit = {"token_records": [{"token": 5, "text": " a", "kind": "loose", "relevance": 0.1}]}
+    assert report_plots.token_records(explicit) == explicit["token_records"]
+    parallel = {"tokens": [5, 6], "token_texts": [" a", " red"], "kinds": ["loose", "exact"], "relevance": [0.1, None]}
+    assert report_plots.token_records(parallel) == [
+        {"token": 5, "text": " a", "kind": "loose", "relevance": 0.1},
+        {"token": 6, "text": " red", "kind": "exact", "relevance": None},
+    ]
+    assert report_plots.token_records({"tokens": [1, 2]}) == []

@@ -16,10 +16,13 @@ import difflib
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
+from .drafters import sparrow
 from .drafters.model import ModelDrafter, NoDrafter
 from .pruning import PruneConfig
 from .tree import TreeConfig
 from .verifiers.exact import ExactVerifier
+from .verifiers.fly import FlyVerifier
+from .verifiers.lvspec import LVSpecVerifier
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,16 @@ DRAFTERS: dict[str, Callable] = {
     "none": lambda opts, draft, target: NoDrafter(),
     "model": lambda opts, draft, target: ModelDrafter(opts.tree_config(), draft),
     "pruned": lambda opts, draft, target: ModelDrafter(opts.tree_config(), draft, opts.prune_config()),
+    "sparrow": sparrow.build_drafter,
 }
 # name -> factory(options)
 VERIFIERS: dict[str, Callable] = {
     "exact": lambda opts: ExactVerifier(),
+    "fly": lambda opts: FlyVerifier.from_options(opts.extra),
+    "lvspec": lambda opts: LVSpecVerifier.from_options(opts.extra),
 }
+# option prefix -> the verifier class that owns (and validates) those options; see its OPTIONS
+VERIFIER_OPTIONS = {"fly_": FlyVerifier, "lv_": LVSpecVerifier, "pst": LVSpecVerifier}
 
 
 def _unknown(kind: str, name: str, known) -> ValueError:
@@ -106,6 +114,13 @@ def resolve(method: str, drafter: str | None = None, verifier: str | None = None
 def make_options(spec: MethodSpec, user: dict) -> DecodeOptions:
     """Defaults, then the method's own defaults, then what the user set (already typed)."""
     values = {**spec.defaults, **user}
+    for owner in dict.fromkeys(VERIFIER_OPTIONS.values()):  # typos and bad values fail here, before any model loads
+        owner.from_options(values)
+    if spec.verifier == "fly" and "fly_k" in values:  # FLy's chain length is the draft depth
+        if "tree_depth" in user and user["tree_depth"] != values["fly_k"]:
+            raise ValueError(f"fly_k={values['fly_k']} and tree_depth={user['tree_depth']} disagree; "
+                             "fly_k sets the FLy chain length, give only one of them")
+        values["tree_depth"] = values["fly_k"]
     known = DecodeOptions.field_names()
     return DecodeOptions(**{k: v for k, v in values.items() if k in known},
                          extra={k: v for k, v in values.items() if k not in known})

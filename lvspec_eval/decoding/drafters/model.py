@@ -8,7 +8,6 @@ it drops afterwards: its cache only ever holds committed tokens.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -16,15 +15,7 @@ from ...backends.base import Backend, DecodeState, PreparedInputs
 from ..pruning import PruneConfig, select_visual_tokens
 from ..tree import TreeConfig
 from ..types import Draft
-
-
-@dataclass
-class _Candidate:
-    token: int
-    parent: int  # index into the candidate list; -1 = root
-    score: float  # cumulative draft log-prob
-    depth: int
-    rank: int  # rank of the token among its parent's draft top-k
+from . import growth
 
 
 class NoDrafter:
@@ -98,60 +89,18 @@ class ModelDrafter:
         return logits[-1]
 
     def _grow(self, root_logits: torch.Tensor) -> Draft:
-        """Expand the tree level by level; each level is one batched draft forward."""
-        cands: list[_Candidate] = []
-        fed: dict[int, int] = {}  # candidate index -> temporary cache index
-        frontier, frontier_logits = [-1], root_logits[None]
-        for depth in range(1, self.tree.depth + 1):
-            new = self._expand(cands, frontier, frontier_logits, depth)
-            if depth == self.tree.depth or not new:
-                break
-            frontier = self.tree.to_feed(cands, new)
-            if not frontier:
-                break
-            frontier_logits = self._feed(cands, frontier, fed, depth)
-        keep = self.tree.select(cands)
-        return _to_draft(cands, keep)
+        """Expand the tree level by level (growth.grow); each level is one batched draft forward."""
+        slots: dict[int, int] = {}  # candidate index -> temporary cache index
 
-    def _expand(self, cands, frontier, logits, depth) -> list[int]:
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        new = []
-        for row, parent in enumerate(frontier):
-            base = 0.0 if parent < 0 else cands[parent].score
-            ranks = self.tree.child_ranks(cands, parent, depth)
-            if not ranks:
-                continue
-            top = torch.topk(logp[row], max(ranks) + 1)
-            for r in ranks:
-                cands.append(_Candidate(int(top.indices[r]), parent, base + float(top.values[r]), depth, r))
-                new.append(len(cands) - 1)
-        return new
+        def feed(cands, frontier: list[int], depth: int) -> torch.Tensor:
+            st = self.state
+            visible = growth.ancestor_visibility(cands, frontier, slots, st.temp_len)
+            tokens = torch.tensor([cands[c].token for c in frontier])
+            # The root sits at offset -1 (it is the last committed token); a node at depth d at d - 1.
+            logits, _ = self.active.forward(st, tokens, torch.full((len(frontier),), depth - 1), visible)
+            return logits
 
-    def _feed(self, cands, frontier: list[int], fed: dict[int, int], depth: int) -> torch.Tensor:
-        st = self.state
-        m, start = len(frontier), st.temp_len
-        visible = torch.zeros(m, start + m, dtype=torch.bool)
-        for row, c in enumerate(frontier):
-            visible[row, start + row] = True
-            a = cands[c].parent
-            while a >= 0:
-                visible[row, fed[a]] = True
-                a = cands[a].parent
-            fed[c] = start + row
-        tokens = torch.tensor([cands[c].token for c in frontier])
-        # The root sits at offset -1 (it is the last committed token); a node at depth d at d - 1.
-        logits, _ = self.active.forward(st, tokens, torch.full((m,), depth - 1), visible)
-        return logits
-
-
-def _to_draft(cands: list[_Candidate], keep: list[int]) -> Draft:
-    """Selected candidates (parents first) as a Draft with re-indexed parents."""
-    index = {c: i for i, c in enumerate(keep)}
-    tokens = torch.tensor([cands[c].token for c in keep], dtype=torch.long)
-    parents = torch.tensor([index[cands[c].parent] if cands[c].parent >= 0 else -1 for c in keep],
-                           dtype=torch.long)
-    scores = torch.tensor([cands[c].score for c in keep])
-    return Draft(tokens=tokens, parents=parents, scores=scores)
+        return growth.grow(self.tree, root_logits, feed)
 
 
 def wall_clock() -> float:

@@ -1,0 +1,438 @@
+"""`lvspec-eval train-sparrow`: train a Sparrow draft head for a target (SPEC.md section 4).
+
+Data (self-distillation, as EAGLE does): the target's own greedy answers to caption and
+multiple-choice prompts about demo-world scenes from the training seed range, generated through
+the decoding loop and cached as JSON lines, so a rerun resumes where generation stopped. The head
+learns what the target says, not what the scene's ground truth says.
+
+Features: for each example the target runs once over prompt + answer through its backend (so
+Qwen2.5-VL and LLaVA-OneVision both work), giving its final hidden state at every position and,
+for IVSB, its hidden states at the visual positions after a middle layer. They are kept in memory
+up to --feature-cache-mb so later epochs skip the target.
+
+Training, per batch (all losses on the positions that predict answer tokens):
+- HSR: the head's input at text position t is fc([embedding(token_t); h_{t-1}]) with the
+  target's h, exactly as at inference.
+- IVSB: the head's layer also sees, as a prefix, the target's visual hidden states after layer
+  --ivsb-layer (default: half the target's depth); a text token sees the visual tokens that come
+  before it. At inference the head has no prefix. Why it still helps: the target's final h
+  carries the video only in a compressed, entangled form; while the prefix is visible, the
+  gradient pushes the head's attention and projection to line its text-side features up with
+  the target's visual features, which is the same feature space the target's h was built from,
+  so the head learns to decode the visual facts (colours, shapes) that h carries instead of
+  learning a text-only language model. A share of the examples (--ivsb-drop) is trained without
+  the prefix, exactly as at inference, so the head never comes to depend on it.
+- MTP: --mtp-steps more passes in which h is the head's own output at t-1 from the previous
+  pass, as when it drafts depth 2, 3, ... of a tree. A query in pass k sees pass-0 keys up to
+  t-k and, for j = 1..k, the pass-j key at t-k+j: the keys its draft chain would see (the
+  "training-time test" attention of EAGLE-3). Pass k is weighted by --mtp-decay ** k.
+- Loss: cross-entropy of the target's frozen LM head on the head's output against the target's
+  next token, plus --reg-weight x smooth-L1 of the head's output onto the target's final h
+  (EAGLE trains both).
+
+Logs (JSON lines) and the resumable state go to --work; the head (fc + layer + norm only) to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+from transformers import DynamicCache
+
+from ...backends.base import FINAL, Backend
+from ..loop import generate
+from ..verifiers.exact import ExactVerifier
+from .model import NoDrafter
+from .sparrow import DEMO_HEAD, SparrowHead
+
+MCQ_SEED_SHIFT = 500_000  # MC questions use scenes apart from the captions'
+
+
+@dataclass
+class Example:
+    """One training sequence in the head's text-only view (T text tokens, V visual tokens)."""
+
+    tokens: torch.Tensor  # [T] prompt text tokens, then the answer
+    prev: torch.Tensor  # [T, hidden] target h at the sequence position before each token (0 at the start)
+    target_h: torch.Tensor  # [T, hidden] target h at each token
+    loss_from: int  # positions loss_from .. T-2 predict answer tokens
+    visual: torch.Tensor | None  # [V, hidden] target hidden after the IVSB layer at the visual positions
+    visual_pos: torch.Tensor | None  # [V] text tokens before each visual token (= its position)
+
+    def nbytes(self) -> int:
+        tensors = [self.tokens, self.prev, self.target_h, self.visual, self.visual_pos]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+# ---- data: the target's own answers ---------------------------------------------------------------
+
+def task_list(args) -> list[dict]:
+    """The (key, scene seed, prompt) of every example, captions first."""
+    from ...demo import data, world
+
+    tasks = []
+    for k in range(args.num_captions):
+        seed = data.TRAIN_SEED + args.seed_offset + k
+        tasks.append({"key": f"cap{k}", "seed": seed, "prompt": world.CAPTION_PROMPT})
+    for k in range(args.num_mcq):
+        seed = data.TRAIN_SEED + args.seed_offset + MCQ_SEED_SHIFT + k
+        questions = world.make_questions(world.make_scene(seed))
+        tasks.append({"key": f"mcq{k}", "seed": seed, "prompt": world.format_mcq(questions[k % len(questions)])})
+    return tasks
+
+
+def video_for(seed: int, args) -> tuple[np.ndarray, float]:
+    from ...demo import models, world
+
+    return world.render(world.make_scene(seed), args.frames, args.size, args.size), models.FPS
+
+
+def end_token(backend: Backend) -> int:
+    """The EOS the target's answers end with (the loop strips it): the tokenizer's, if it is one."""
+    eos = backend.tokenizer.eos_token_id
+    return eos if eos in backend.eos_token_ids else min(backend.eos_token_ids)
+
+
+def generate_data(backend: Backend, args, path: Path) -> list[dict]:
+    """Greedy target answers for every task, appended to `path` (JSON lines) as they come."""
+    done = {}
+    if path.exists():
+        done = {r["key"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+    tasks = task_list(args)
+    todo = [t for t in tasks if t["key"] not in done]
+    drafter, verifier = NoDrafter(), ExactVerifier()
+    with path.open("a") as f:
+        for task in tqdm(todo, desc="target answers", mininterval=5, disable=not todo):
+            out = generate(backend, drafter, verifier, task["prompt"], [video_for(task["seed"], args)],
+                           args.max_new_tokens)
+            answer = out.tokens + ([end_token(backend)] if len(out.tokens) < args.max_new_tokens else [])
+            done[task["key"]] = {**task, "answer": answer}
+            f.write(json.dumps(done[task["key"]]) + "\n")
+            f.flush()
+    return [done[t["key"]] for t in tasks]
+
+
+@torch.no_grad()
+def extract(backend: Backend, record: dict, args, ivsb_layer: int | None) -> Example:
+    """Run the target over prompt + answer; cut out what the head trains on."""
+    inputs = backend.prepare(record["prompt"], [video_for(record["seed"], args)])
+    layers = (FINAL,) if ivsb_layer is None else (FINAL, ivsb_layer)
+    state, _ = backend.prefill(inputs, hidden_layers=layers)
+    answer = torch.tensor(record["answer"], dtype=torch.long)
+    n = answer.numel()
+    _, hidden = backend.forward(state, answer, torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril(),
+                                hidden_layers=(FINAL,))
+    seq_h = torch.cat([state.prompt_hidden[FINAL], hidden[FINAL]]).float().cpu()  # [L + n, hidden]
+    vmask = inputs.visual_mask.cpu()
+    text_idx = (~vmask).nonzero().flatten()
+    tokens = torch.cat([inputs.input_ids[0].cpu()[text_idx], answer])
+    seq_idx = torch.cat([text_idx, vmask.numel() + torch.arange(n)])
+    prev = torch.cat([torch.zeros_like(seq_h[:1]), seq_h[:-1]])[seq_idx]
+    visual = visual_pos = None
+    if ivsb_layer is not None and vmask.any():
+        visual = state.prompt_hidden[ivsb_layer][vmask.to(state.prompt_hidden[ivsb_layer].device)].float().cpu()
+        visual_pos = torch.searchsorted(text_idx, vmask.nonzero().flatten())
+    return Example(tokens, prev, seq_h[seq_idx], len(text_idx) - 1, visual, visual_pos)
+
+
+class FeatureStore:
+    """Examples by index, computed by the target on first use and kept up to a memory budget."""
+
+    def __init__(self, backend: Backend, records: list[dict], args, ivsb_layer: int | None):
+        self.backend, self.records, self.args, self.ivsb_layer = backend, records, args, ivsb_layer
+        self.cache: dict[int, Example] = {}
+        self.budget, self.used = args.feature_cache_mb * 2**20, 0
+
+    def __getitem__(self, i: int) -> Example:
+        if i in self.cache:
+            return self.cache[i]
+        ex = extract(self.backend, self.records[i], self.args, self.ivsb_layer)
+        if self.used + ex.nbytes() <= self.budget:
+            self.cache[i] = ex
+            self.used += ex.nbytes()
+        return ex
+
+
+# ---- batches and masks ----------------------------------------------------------------------------
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # [B, T]
+    prev: torch.Tensor  # [B, T, hidden]
+    target_h: torch.Tensor  # [B, T, hidden]
+    loss_mask: torch.Tensor  # [B, T] bool: position predicts an answer token
+    chain_start: torch.Tensor  # [B] loss_from: pass k trains positions t >= loss_from + k
+    labels: torch.Tensor  # [B, T] the next text token
+    visual: torch.Tensor  # [B, P, hidden] (P = 0 without IVSB)
+    visual_pos: torch.Tensor  # [B, P]
+    visual_valid: torch.Tensor  # [B, P] bool (False for padding and dropped prefixes)
+
+
+def collate(examples: list[Example], drop: list[bool], device) -> Batch:
+    b, t = len(examples), max(e.tokens.numel() for e in examples)
+    hidden = examples[0].prev.shape[-1]
+    p = max((e.visual.shape[0] for e in examples if e.visual is not None), default=0)
+    out = Batch(torch.zeros(b, t, dtype=torch.long), torch.zeros(b, t, hidden), torch.zeros(b, t, hidden),
+                torch.zeros(b, t, dtype=torch.bool), torch.tensor([e.loss_from for e in examples]),
+                torch.zeros(b, t, dtype=torch.long), torch.zeros(b, p, hidden), torch.zeros(b, p, dtype=torch.long),
+                torch.zeros(b, p, dtype=torch.bool))
+    for i, e in enumerate(examples):
+        n = e.tokens.numel()
+        out.tokens[i, :n], out.prev[i, :n], out.target_h[i, :n] = e.tokens, e.prev, e.target_h
+        out.labels[i, : n - 1] = e.tokens[1:]
+        out.loss_mask[i, e.loss_from: n - 1] = True
+        if e.visual is not None and p:
+            v = e.visual.shape[0]
+            out.visual[i, :v], out.visual_pos[i, :v] = e.visual, e.visual_pos
+            out.visual_valid[i, :v] = not drop[i]
+    return Batch(**{k: v.to(device) for k, v in vars(out).items()})
+
+
+def pass_mask(batch: Batch, k: int, dtype) -> torch.Tensor:
+    """[B, 1, T, P + (k+1) T] additive mask for the text queries of MTP pass k.
+
+    Keys: the visual prefix, then passes 0..k. Text query t sees visual j if j comes before it,
+    pass-0 keys up to t - k, and the pass-j key at t - k + j (j = 1..k): its draft chain.
+    """
+    b, t = batch.tokens.shape
+    q = torch.arange(t, device=batch.tokens.device)
+    vis = batch.visual_valid[:, None, :] & (q[None, :, None] >= batch.visual_pos[:, None, :])  # [B, T, P]
+    parts = [vis, (q[None, :] <= q[:, None] - k).expand(b, t, t)]
+    for j in range(1, k + 1):
+        parts.append((q[None, :] == q[:, None] - k + j).expand(b, t, t))
+    visible = torch.cat(parts, dim=-1)
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
+        ~visible, torch.finfo(dtype).min)[:, None]
+
+
+def prefix_mask(batch: Batch, dtype) -> torch.Tensor:
+    """[B, 1, P + T, P + T] mask of pass 0 with the prefix: prefix rows see only themselves."""
+    b, p = batch.visual.shape[:2]
+    text = pass_mask(batch, 0, dtype)  # [B, 1, T, P + T]
+    eye = torch.eye(p, text.shape[-1], dtype=torch.bool, device=text.device)
+    prefix = torch.zeros(eye.shape, dtype=dtype, device=text.device).masked_fill(~eye, torch.finfo(dtype).min)
+    return torch.cat([prefix.expand(b, 1, -1, -1), text], dim=2)
+
+
+# ---- the training step --------------------------------------------------------------------------
+
+def head_passes(head: SparrowHead, embed, batch: Batch, mtp_steps: int) -> list[torch.Tensor]:
+    """The head's outputs [B, T, hidden] for pass 0 (target h) and each MTP pass (its own h)."""
+    b, t = batch.tokens.shape
+    dtype = head.fc.weight.dtype
+    emb = embed(batch.tokens).to(dtype).detach()
+    positions = torch.arange(t, device=emb.device)[None].expand(b, t)
+    cache = DynamicCache(config=head.config)
+    x = head.project(emb, batch.prev.to(dtype))
+    p = batch.visual.shape[1]
+    if p:
+        x = torch.cat([batch.visual.to(dtype), x], dim=1)
+        out = head(x, torch.cat([batch.visual_pos, positions], 1), prefix_mask(batch, dtype), cache)[:, p:]
+    else:
+        out = head(x, positions, pass_mask(batch, 0, dtype), cache)
+    outs = [out]
+    for k in range(1, mtp_steps + 1):
+        prev = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
+        out = head(head.project(emb, prev), positions, pass_mask(batch, k, dtype), cache)
+        outs.append(out)
+    return outs
+
+
+def losses(outs: list[torch.Tensor], batch: Batch, lm_head, args) -> tuple[torch.Tensor, dict]:
+    """Weighted CE + smooth-L1 over the passes; returns (loss, per-pass metrics)."""
+    total, weights, metrics = 0.0, 0.0, {}
+    steps = torch.arange(batch.tokens.shape[1], device=batch.tokens.device)[None]
+    lm_dtype = lm_head.weight.dtype
+    for k, out in enumerate(outs):
+        sel = batch.loss_mask & (steps >= batch.chain_start[:, None] + k)
+        if not sel.any():
+            continue
+        logits = lm_head(out[sel].to(lm_dtype)).float()
+        ce = F.cross_entropy(logits, batch.labels[sel])
+        reg = F.smooth_l1_loss(out[sel].float(), batch.target_h[sel].float())
+        w = args.mtp_decay ** k
+        total, weights = total + w * (ce + args.reg_weight * reg), weights + w
+        metrics[f"ce{k}"], metrics[f"reg{k}"] = ce.item(), reg.item()
+        metrics[f"acc{k}"] = (logits.argmax(-1) == batch.labels[sel]).float().mean().item()
+    return total / max(weights, 1e-9), metrics
+
+
+def lr_at(step: int, args) -> float:
+    """Linear warm-up, then cosine decay to 5% of the peak."""
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    frac = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
+    return args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def batch_indices(step: int, micro: int, args, n: int) -> list[int]:
+    """Example indices of one micro-batch: epochs are seeded permutations, so a resume is exact."""
+    start = (step * args.grad_accum + micro) * args.batch_size
+    out = []
+    for g in range(start, start + args.batch_size):
+        perm = np.random.default_rng(args.seed + g // n).permutation(n)
+        out.append(int(perm[g % n]))
+    return out
+
+
+def train_step(head, backend, store: FeatureStore, opt, step: int, args) -> dict:
+    """One optimiser step over grad_accum micro-batches; returns averaged metrics."""
+    for g in opt.param_groups:
+        g["lr"] = lr_at(step, args)
+    opt.zero_grad(set_to_none=True)
+    sums: dict = {}
+    rng = np.random.default_rng(args.seed * 7919 + step)
+    for micro in range(args.grad_accum):
+        examples = [store[i] for i in batch_indices(step, micro, args, len(store.records))]
+        drop = list(rng.random(len(examples)) < args.ivsb_drop)
+        batch = collate(examples, drop, backend.device)
+        outs = head_passes(head, backend.model.get_input_embeddings(), batch, args.mtp_steps)
+        loss, metrics = losses(outs, batch, backend.model.lm_head, args)
+        (loss / args.grad_accum).backward()
+        for k, v in {"loss": loss.item(), **metrics}.items():
+            sums[k] = sums.get(k, 0.0) + v / args.grad_accum
+    torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+    opt.step()
+    return sums
+
+
+# ---- the command ----------------------------------------------------------------------------------
+
+def _log(path: Path, record: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _resume(path: Path, head, opt) -> int:
+    state = torch.load(path, weights_only=False, map_location="cpu")
+    head.load_state_dict(state["head"])
+    opt.load_state_dict(state["opt"])
+    return int(state["step"])
+
+
+def _save_state(path: Path, head, opt, step: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+    tmp.replace(path)
+
+
+def setup(args) -> tuple[Backend, SparrowHead, int | None]:
+    """Load the target (frozen) and a fresh head in fp32 on the target's device."""
+    from ...backends.loading import load_backend
+
+    backend = load_backend(args.target, device=args.device, dtype=args.dtype)
+    backend.model.requires_grad_(False)
+    ivsb_layer = None if args.no_ivsb else (args.ivsb_layer or backend.num_layers // 2)
+    if ivsb_layer is not None and not 1 <= ivsb_layer <= backend.num_layers:
+        raise ValueError(f"--ivsb-layer {ivsb_layer} is outside the target's layers 1..{backend.num_layers}")
+    torch.manual_seed(args.seed)
+    head = SparrowHead.for_target(backend).to(backend.device)
+    head.meta = {"target": args.target, "ivsb_layer": ivsb_layer, "ivsb_drop": args.ivsb_drop,
+                 "mtp_steps": args.mtp_steps, "num_captions": args.num_captions, "num_mcq": args.num_mcq}
+    return backend, head, ivsb_layer
+
+
+def train(args) -> Path:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t_start = time.time()
+    work, out = Path(args.work), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    backend, head, ivsb_layer = setup(args)
+    records = generate_data(backend, args, Path(args.data))
+    store = FeatureStore(backend, records, args, ivsb_layer)
+    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    ckpt, log = work / "sparrow.ckpt", work / "train_sparrow.log"
+    start = _resume(ckpt, head, opt) if args.resume and ckpt.exists() else 0
+    _log(log, {"event": "start", "step": start, "args": vars(args), "examples": len(records), "time": time.time()})
+    head.train()
+    done = start
+    bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc="sparrow", mininterval=5)
+    for step in bar:
+        metrics = train_step(head, backend, store, opt, step, args)
+        if step % args.log_every == 0 or step + 1 == args.steps:
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics.get('acc0', 0):.3f}")
+            _log(log, {"step": step, **metrics, "lr": lr_at(step, args), "elapsed_s": time.time() - t_start})
+        out_of_time = args.max_minutes and time.time() - t_start > 60 * args.max_minutes
+        if (step + 1) % args.ckpt_every == 0 or step + 1 == args.steps or out_of_time:
+            _save_state(ckpt, head, opt, step + 1)
+        done = step + 1
+        if out_of_time:
+            _log(log, {"event": "time limit", "step": done, "elapsed_s": time.time() - t_start})
+            break
+    head.eval()
+    head.meta["steps_done"] = done
+    head.save(out)
+    _log(log, {"event": "saved", "out": str(out), "step": done, "elapsed_s": time.time() - t_start})
+    return out
+
+
+def check_args(args) -> None:
+    """Reject values that would only fail (or silently do nothing) later."""
+    for name in ("steps", "batch_size", "grad_accum", "frames", "size", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.mtp_steps < 0:
+        raise ValueError(f"--mtp-steps must be >= 0, got {args.mtp_steps}")
+    if not 0.0 <= args.ivsb_drop <= 1.0:
+        raise ValueError(f"--ivsb-drop is a share of examples in [0, 1], got {args.ivsb_drop}")
+    if args.num_captions + args.num_mcq < 1:
+        raise ValueError("--num-captions + --num-mcq must be at least 1")
+
+
+def _run(args: argparse.Namespace) -> int:
+    check_args(args)
+    if args.work is None:
+        args.work = str(Path(".cache/sparrow") / Path(args.out).name)
+    if args.data is None:
+        tag = "demo" if args.target == "demo" else Path(args.target).name
+        args.data = str(Path(".cache/sparrow") / f"data_{tag}_f{args.frames}_s{args.size}_o{args.seed_offset}"
+                        f"_m{args.max_new_tokens}.jsonl")
+    Path(args.data).parent.mkdir(parents=True, exist_ok=True)
+    out = train(args)
+    print(f"Sparrow head saved to {out}; log in {Path(args.work) / 'train_sparrow.log'}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train-sparrow", help="train a Sparrow draft head for a target (demo: ~25 min on 2 CPU cores)")
+    p.add_argument("--target", default="demo", help="target: local folder, hub id, or `demo`")
+    p.add_argument("--out", default=str(DEMO_HEAD), help="where the head goes (default: the demo's)")
+    p.add_argument("--work", default=None, help="log + resumable state (default .cache/sparrow/<out name>)")
+    p.add_argument("--data", default=None, help="JSONL cache of the target's answers (default under .cache/sparrow)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", help="the target's dtype; the head trains in fp32")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--resume", action="store_true", help="continue from the state in --work")
+    p.add_argument("--no-ivsb", action="store_true", help="train without the visual prefix (ablation)")
+    p.add_argument("--ivsb-layer", type=int, default=None, help="target layer (1-based) whose visual hidden "
+                   "states form the prefix (default: half the target's depth)")
+    p.add_argument("--ivsb-drop", type=float, default=0.5, help="share of examples trained without the prefix")
+    p.add_argument("--mtp-steps", type=int, default=2, help="extra passes on the head's own hidden states")
+    p.add_argument("--mtp-decay", type=float, default=0.8, help="loss weight of pass k is decay**k")
+    p.add_argument("--reg-weight", type=float, default=1.0, help="weight of the smooth-L1 hidden-state loss")
+    p.add_argument("--num-captions", type=int, default=800, help="caption examples (scenes) to generate")
+    p.add_argument("--num-mcq", type=int, default=200, help="multiple-choice examples to generate")
+    p.add_argument("--seed-offset", type=int, default=300_000, help="first training-split scene seed used")
+    p.add_argument("--frames", type=int, default=8)
+    p.add_argument("--size", type=int, default=112, help="frame side in pixels")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--steps", type=int, default=600, help="optimiser steps")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
+    p.add_argument("--feature-cache-mb", type=int, default=2048, help="memory for the target's features")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--ckpt-every", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_run)

@@ -1,0 +1,144 @@
+"""Shared pieces of the loose verifiers (FLy, LVSpec): typed options, the target's uncertainty,
+plausibility of a draft token, visual relevance, and walking a draft tree.
+
+All functions are pure and work on plain tensors:
+    logits  [rows, vocab]  the target's verification logits (row 0: after the root, row i+1: after node i)
+    tokens  [rows]         one candidate token per row
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import tree
+from ..types import Draft
+
+
+# ---- options ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Option:
+    """One user option of a verifier: its default, type and allowed values."""
+
+    default: object
+    kind: type  # int, float or str
+    help: str
+    low: float | None = None  # inclusive bounds for numbers
+    high: float | None = None
+    choices: tuple = ()  # allowed values for strings
+
+    def allowed(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(map(str, self.choices))
+        kind = "an integer" if self.kind is int else "a number"
+        lo = "" if self.low is None else f" >= {self.low}"
+        hi = "" if self.high is None else f" <= {self.high}"
+        return kind + (lo + (" and" if lo and hi else "") + hi)
+
+
+def _coerce(name: str, value: object, opt: Option) -> object:
+    """`value` as the option's type, or ValueError naming the option and what it allows."""
+    bad = ValueError(f"{name}={value!r} is not allowed; expected {opt.allowed()}")
+    if opt.kind is str:
+        text = str(value).lower()
+        text = {"true": "on", "false": "off", "1": "on", "0": "off"}.get(text, text) if "on" in opt.choices else text
+        if text not in opt.choices:
+            raise bad
+        return text
+    if isinstance(value, bool):
+        raise bad
+    if opt.kind is int and isinstance(value, float):
+        value = int(value) if value.is_integer() else str(value)  # 2.0 -> 2; 2.5 fails below
+    try:
+        number = opt.kind(value)
+    except (TypeError, ValueError, OverflowError):
+        number = None
+    if number is None or (isinstance(number, float) and math.isnan(number)):
+        raise bad
+    if (opt.low is not None and number < opt.low) or (opt.high is not None and number > opt.high):
+        raise bad
+    return number
+
+
+def parse_options(given: dict, rules: dict[str, Option], prefixes: tuple[str, ...], owner: str) -> dict:
+    """Typed values for every option in `rules` (defaults filled in) from a user dict.
+
+    Keys of `given` that start with one of `prefixes` must be known; other keys belong to other
+    components and are ignored here.
+    """
+    unknown = sorted(k for k in given if k.startswith(prefixes) and k not in rules)
+    if unknown:
+        raise ValueError(f"unknown {owner} option(s) {', '.join(unknown)}; known: {', '.join(rules)}")
+    return {k: _coerce(k, given[k], r) if k in given else r.default for k, r in rules.items()}
+
+
+# ---- what the target thinks of a token ----------------------------------------------------------
+
+def topk_entropy(logits: torch.Tensor, k: int = 3) -> torch.Tensor:
+    """[rows] entropy (nats) of the target's k most likely tokens, -sum p log p over the top k.
+
+    p are full-softmax probabilities, NOT renormalised over the top k (FLy's gate, SPEC.md
+    section 5): a flat long tail gives a small value, so a target that has no favourite at all is
+    treated like a confident one and its mismatches are rejected (the conservative side).
+    """
+    probs = torch.softmax(logits.float(), dim=-1).topk(min(k, logits.shape[-1]), dim=-1).values
+    return -torch.special.xlogy(probs, probs).sum(-1)
+
+
+def prob_ratio(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[rows] p_target(token) / p_target(argmax) = exp(logit[token] - max logit), in (0, 1]."""
+    logits = logits.float()
+    picked = logits.gather(-1, tokens.view(-1, 1).to(logits.device)).squeeze(-1)
+    return torch.exp(picked - logits.max(-1).values)
+
+
+def target_rank(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[rows] 0-based rank of `token` in the target's distribution (ties count in its favour)."""
+    logits = logits.float()
+    picked = logits.gather(-1, tokens.view(-1, 1).to(logits.device))
+    return (logits > picked).sum(-1)
+
+
+# ---- visual relevance (LVSpec) ------------------------------------------------------------------
+
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """[rows, dim] float32 rows scaled to unit length (zero rows stay zero)."""
+    return torch.nn.functional.normalize(x.float(), dim=-1)
+
+
+def visual_relevance(hidden: torch.Tensor, visual_unit: torch.Tensor, topn: int) -> torch.Tensor:
+    """[rows] mean of the top-`topn` cosine similarities of each row to the visual hidden states.
+
+    hidden: [rows, dim]; visual_unit: [num_visual, dim], already unit_rows(). No visual tokens ->
+    relevance 0 for every row. Returned on the CPU.
+    """
+    if visual_unit.shape[0] == 0:
+        return torch.zeros(hidden.shape[0])
+    sims = unit_rows(hidden).to(visual_unit.device) @ visual_unit.T  # [rows, num_visual]
+    return sims.topk(min(topn, visual_unit.shape[0]), dim=-1).values.mean(-1).cpu()
+
+
+# ---- walking a draft ----------------------------------------------------------------------------
+
+def draft_chain(draft: Draft, target_tokens: torch.Tensor) -> list[int]:
+    """One root-to-leaf path: at each node the child carrying the target's token, else the
+    draft's favourite child (highest draft score; the first child when scores are unknown).
+
+    For a chain draft this is the whole chain. Lets a chain-only rule (FLy) run on any tree.
+    """
+    kids = tree.children(draft.parents)
+    tokens, want = draft.tokens.tolist(), target_tokens.tolist()
+    scores = draft.scores.tolist() if draft.scores is not None else None
+    path, node = [], -1
+    while kids[node + 1]:
+        options = kids[node + 1]
+        match = next((c for c in options if tokens[c] == want[node + 1]), None)
+        node = match if match is not None else _favourite(options, scores)
+        path.append(node)
+    return path
+
+
+def _favourite(options: list[int], scores: list[float] | None) -> int:
+    return max(options, key=lambda c: scores[c]) if scores is not None else options[0]

@@ -1,0 +1,170 @@
+"""LVSpec: loose verification guided by visual relevance, plus position-shift tolerance (PST).
+SPEC.md section 6 (LVSpec, "Visual anchors": strict on visually grounded tokens, loose on fillers).
+
+For every draft node c (hanging off parent node q; logits row q + 1 judges it):
+- relevance r_c: the mean of the `lv_topn` largest cosine similarities between the target's hidden
+  state AT node c (layer `lv_layer`, from the verification forward, so it has read c's token in
+  its context) and the visual tokens' hidden states at the same layer (cached at prefill). Our
+  choice of H_D: the row that has read the candidate is what "this token in this context" looks
+  like to the target; it costs nothing extra. A prompt without visual tokens gives r_c = 0, so
+  every token counts as non-visual and is verified loosely (nothing visual to protect).
+- strict when r_c >= lv_threshold: only an exact match is accepted (kind EXACT).
+- loose when r_c < lv_threshold: a mismatch is accepted (kind LOOSE, the draft's token is kept)
+  if the target finds it plausible at its parent: lv_loose=ratio: p(c) / p(argmax) >= lv_lambda;
+  lv_loose=topk: c's token is among the target's lv_topk best.
+- PST (position-shift tolerance): when no child of the current node matches or is loosely
+  acceptable, but the target's token t there equals a draft token j levels further down
+  (1 <= j <= pst_window: the draft inserted j tokens), commit t (kind PST) and continue the walk
+  from that deeper node. Lossy approximation: the deeper node and everything after it were scored
+  with the j skipped tokens in context and at positions shifted by j, and are judged as if they
+  were not. Their KV entries are therefore dropped: num_cached = the index of the first PST node
+  in the path, and the tokens from there on are re-fed (pending) in the next target forward.
+The walk is greedy on trees: exact child, else the loosely acceptable child the target likes
+best, else the shallowest PST match (ties: the one whose parent gives the target's token the
+highest logit). Ablations: lv_relevance=off (loose
+everywhere, a visually blind loose verifier), pst=off or pst_window=0 (no shifts), lv_threshold=-1
+(strict everywhere: with pst off, token-identical to exact verification).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import tree
+from ..types import EXACT, LOOSE, PST, TARGET, Draft, Scores, Verdict
+from . import loose
+
+RULES = {
+    # 6 of the demo target's 8 layers (about 3/4 depth); set about 3/4 of a real target's depth
+    # (e.g. 48 for the 64-layer Qwen2.5-VL-32B). -1 = the final normalised hidden state.
+    "lv_layer": loose.Option(6, int, "1-based decoder layer whose hidden states judge relevance (-1: final norm)",
+                             low=-1),
+    "lv_topn": loose.Option(8, int, "relevance = mean of this many best cosine similarities to visual tokens", low=1),
+    "lv_threshold": loose.Option(0.5, float, "relevance at or above this -> strict exact match", low=-1.0, high=1.0),
+    "lv_lambda": loose.Option(0.3, float, "lv_loose=ratio: accept when p(draft)/p(top) >= this", low=0.0, high=1.0),
+    "lv_loose": loose.Option("ratio", str, "plausibility test of a loose mismatch", choices=("ratio", "topk")),
+    "lv_topk": loose.Option(3, int, "lv_loose=topk: accept a draft token among the target's top-k", low=1),
+    "lv_relevance": loose.Option("on", str, "off: loose everywhere (no visual gate)", choices=("on", "off")),
+    "pst": loose.Option("on", str, "position-shift tolerance", choices=("on", "off")),
+    "pst_window": loose.Option(2, int, "PST: most draft tokens the draft may have inserted", low=0),
+}
+
+
+@dataclass
+class Walk:
+    """The committed part of a draft: nodes in commit order, their kinds, the first PST index."""
+
+    path: list[int]
+    kinds: list[str]
+    num_cached: int
+
+
+def lvspec_walk(parents: torch.Tensor, tokens: list[int], target: list[int], lenient: list[bool],
+                preference: list[float], pst_window: int) -> Walk:
+    """Greedy walk from the root. target[q + 1]: the target's token after node q; lenient[c]: node
+    c may be accepted on a mismatch; preference[c]: the target's logit of c's token at c's parent
+    (picks among lenient siblings and among equally deep PST matches).
+
+    Example (a chain, pst_window=1): draft [5, 9, 7]; the target wants 9 after the root and 7
+    after node 1. Node 0 (5) neither matches nor is lenient, but node 1 one level further down
+    carries 9: commit it (PST) and go on from node 1, whose child 7 matches (EXACT):
+    Walk(path=[1, 2], kinds=[pst, exact], num_cached=0). The caller appends the target's token.
+    """
+    kids = tree.children(parents)
+    path, kinds, shift, node = [], [], None, -1
+    while kids[node + 1]:
+        want, options = target[node + 1], kids[node + 1]
+        exact = next((c for c in options if tokens[c] == want), None)
+        lenient_kids = [c for c in options if lenient[c]]
+        if exact is not None:
+            node, kind = exact, EXACT
+        elif lenient_kids:
+            node, kind = max(lenient_kids, key=lambda c: preference[c]), LOOSE
+        else:
+            node, kind = _shifted_match(kids, tokens, node, want, pst_window, preference), PST
+            if node is None:
+                break
+            shift = len(path) if shift is None else shift
+        path.append(node)
+        kinds.append(kind)
+    return Walk(path, kinds, len(path) if shift is None else shift)
+
+
+def _shifted_match(kids, tokens, node: int, want: int, window: int, preference) -> int | None:
+    """The shallowest descendant of `node` 2..window+1 levels down that carries `want`."""
+    level = kids[node + 1]
+    for _ in range(window):
+        level = [g for c in level for g in kids[c + 1]]
+        hits = [c for c in level if tokens[c] == want]
+        if hits:
+            return max(hits, key=lambda c: preference[c])
+    return None
+
+
+class LVSpecVerifier:
+    name = "lvspec"
+    OPTIONS = {name: rule.default for name, rule in RULES.items()}
+
+    def __init__(self, **options):
+        values = loose.parse_options(options, RULES, ("lv_", "pst"), "LVSpec")
+        unknown = sorted(set(options) - set(RULES))
+        if unknown:
+            raise ValueError(f"unknown LVSpec option(s) {', '.join(unknown)}; known: {', '.join(RULES)}")
+        self.options = values
+        self.layer, self.topn, self.threshold = values["lv_layer"], values["lv_topn"], values["lv_threshold"]
+        if self.layer == 0:
+            raise ValueError("lv_layer=0 is not a layer; expected a 1-based decoder layer or -1 (final norm)")
+        self.use_relevance = values["lv_relevance"] == "on"
+        self.pst_window = values["pst_window"] if values["pst"] == "on" else 0
+        self.hidden_layers: tuple[int, ...] = (self.layer,) if self.use_relevance else ()
+        self._visual_src: torch.Tensor | None = None  # memo: the unit-normalised visual states of a sample
+        self._visual_unit: torch.Tensor | None = None
+
+    @classmethod
+    def from_options(cls, extra: dict) -> "LVSpecVerifier":
+        """From DecodeOptions.extra (keys lv_*, pst*); unknown ones raise ValueError listing the known."""
+        return cls(**loose.parse_options(extra, RULES, ("lv_", "pst"), "LVSpec"))
+
+    def __repr__(self) -> str:
+        return "LVSpecVerifier(" + ", ".join(f"{k}={v}" for k, v in self.options.items()) + ")"
+
+    def verify(self, draft: Draft, scores: Scores, visual_hidden: dict | None = None) -> Verdict:
+        logits = scores.logits  # [num_nodes + 1, vocab]
+        target = logits.argmax(-1)
+        rows = draft.parents.cpu() + 1  # [num_nodes] logits row that judges each node
+        relevance = self.relevance(draft, scores, visual_hidden)  # [num_nodes] or None
+        lenient = self.plausible(logits[rows], draft.tokens)
+        if relevance is not None:
+            lenient &= relevance < self.threshold
+        preference = logits[rows].float().gather(-1, draft.tokens.view(-1, 1).to(logits.device)).squeeze(-1)
+        walk = lvspec_walk(draft.parents, draft.tokens.tolist(), target.tolist(), lenient.tolist(),
+                           preference.tolist(), self.pst_window)
+        last = walk.path[-1] if walk.path else -1
+        tokens = [int(draft.tokens[c]) for c in walk.path] + [int(target[last + 1])]
+        rel = None if relevance is None else [float(relevance[c]) for c in walk.path] + [None]
+        return Verdict(tokens=tokens, path=walk.path, num_cached=walk.num_cached, kinds=walk.kinds + [TARGET],
+                       relevance=rel)
+
+    def plausible(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """[rows] bool: the target would not mind `tokens` (one per row of `logits`)."""
+        if self.options["lv_loose"] == "topk":
+            return (loose.target_rank(logits, tokens) < self.options["lv_topk"]).cpu()
+        return (loose.prob_ratio(logits, tokens) >= self.options["lv_lambda"]).cpu()
+
+    def relevance(self, draft: Draft, scores: Scores, visual_hidden: dict | None) -> torch.Tensor | None:
+        """[num_nodes] visual relevance of each node's token (None when lv_relevance=off)."""
+        if not self.use_relevance:
+            return None
+        if self.layer not in scores.hidden or visual_hidden is None or self.layer not in visual_hidden:
+            raise ValueError(f"LVSpec needs the target's hidden states at lv_layer={self.layer} for the draft "
+                             "and the visual tokens; the backend did not record them")
+        hidden = scores.hidden[self.layer][scores.num_pending:]  # [num_nodes, dim]: node i at row p + i
+        return loose.visual_relevance(hidden, self._unit(visual_hidden[self.layer]), self.topn)
+
+    def _unit(self, visual: torch.Tensor) -> torch.Tensor:
+        """Normalise a sample's visual states once (the loop passes the same tensor every step)."""
+        if self._visual_src is not visual:
+            self._visual_src = visual
+            self._visual_unit = loose.unit_rows(visual)
+        return self._visual_unit

@@ -1,0 +1,54 @@
+"""`lvspec-eval build-demo`: train the demo world's tokenizer, target and draft on this CPU.
+
+It runs once (about 90 minutes on 2 cores); the checkpoints it writes are committed, so
+`make demo` needs no training. Every stage logs to <work>/train_*.log, checkpoints as it goes
+and resumes where it stopped when run again.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from . import models, train
+
+CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
+
+
+def write_preprocessor_config(folder: Path) -> None:
+    """The demo's pixel budget (no resizing of its 112x112 frames), read by the model loader."""
+    p = models.DEMO_PREPROCESS
+    cfg = {"min_pixels": p.min_pixels, "max_pixels": p.max_pixels, "patch_size": p.patch_size,
+           "temporal_patch_size": p.temporal_patch_size, "merge_size": p.merge_size,
+           "image_mean": list(p.image_mean), "image_std": list(p.image_std)}
+    (folder / "preprocessor_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def build(work: Path, out: Path, target_steps: int, draft_steps: int, threads: int) -> None:
+    torch.set_num_threads(threads)
+    work.mkdir(parents=True, exist_ok=True)
+    target_dir = out / "target"
+    if not (target_dir / "config.json").exists():
+        train.train_target(work, out, steps=target_steps)
+    write_preprocessor_config(target_dir)
+    if not (out / "draft" / "config.json").exists():
+        train.train_draft(work, out, target_dir, steps=draft_steps)
+    write_preprocessor_config(out / "draft")
+
+
+def _run(args: argparse.Namespace) -> int:
+    build(Path(args.work), Path(args.out), args.target_steps, args.draft_steps, args.threads)
+    print(f"demo checkpoints in {args.out}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("build-demo", help="train the demo world's tokenizer, target and draft (CPU, ~90 min)")
+    p.add_argument("--out", default=str(CHECKPOINTS), help="where the checkpoints go (default: the package's)")
+    p.add_argument("--work", default=".cache/demo_build", help="logs, resumable training state")
+    p.add_argument("--target-steps", type=int, default=2800, help="target optimiser steps of 16 samples")
+    p.add_argument("--draft-steps", type=int, default=1500, help="draft distillation steps of 16 samples")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.set_defaults(func=_run)

@@ -1,0 +1,28 @@
+"""lmms-eval's built-in task modules, imported for their scoring functions and prompt lists.
+
+Several of them read os.environ["HF_HOME"] at import time and raise KeyError when it is unset;
+we import them with HF_HOME defaulted to lmms-eval's own default for the duration of the import.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from types import ModuleType
+
+DEFAULT_HF_HOME = "~/.cache/huggingface"
+
+
+def builtin_utils(task_dir: str) -> ModuleType:
+    """lmms_eval.tasks.<task_dir>.utils (e.g. "videomme", "vdc", "mvbench")."""
+    name = f"lmms_eval.tasks.{task_dir}.utils"
+    if name in sys.modules:
+        return sys.modules[name]
+    added = "HF_HOME" not in os.environ
+    if added:
+        os.environ["HF_HOME"] = os.path.expanduser(DEFAULT_HF_HOME)
+    try:
+        return importlib.import_module(name)
+    finally:
+        if added:
+            os.environ.pop("HF_HOME", None)

@@ -1,0 +1,64 @@
+"""Functions of the synthvid tasks (YAMLs in this folder): data, prompts and scoring.
+
+The prompt of every doc is fixed (no random instruction choice), so two runs see identical inputs.
+Captions are scored exactly against the scene that produced the video (judges/oracle.py).
+"""
+from __future__ import annotations
+
+import re
+
+import datasets
+
+from judges.oracle import score_caption
+from lvspec_eval.demo import tasks_data, world
+
+_LETTER = re.compile(r"\b([A-D])\b")
+
+
+def process_docs(dataset: datasets.Dataset) -> datasets.Dataset:
+    """The stub file names its task; return that task's docs (generated into the cache if needed)."""
+    names = sorted(set(dataset["task"]))
+    if len(names) != 1:
+        raise ValueError(f"a synthvid stub file must name exactly one task, got {names}")
+    return datasets.Dataset.from_list(tasks_data.load_docs(names[0]))
+
+
+def doc_to_visual(doc: dict) -> list[str]:
+    return [doc["video"]]
+
+
+def doc_to_text(doc: dict, lmms_eval_specific_kwargs: dict | None = None) -> str:
+    kwargs = lmms_eval_specific_kwargs or {}
+    return f"{kwargs.get('pre_prompt', '')}{doc['prompt']}{kwargs.get('post_prompt', '')}"
+
+
+def doc_to_messages(doc: dict, lmms_eval_specific_kwargs: dict | None = None) -> list[dict]:
+    """One user turn: the video, then the prompt (the layout the demo models were trained on)."""
+    content = [{"type": "video", "url": doc["video"]}, {"type": "text", "text": doc_to_text(doc, lmms_eval_specific_kwargs)}]
+    return [{"role": "user", "content": content}]
+
+
+def process_caption(doc: dict, results: list[str]) -> dict:
+    score = score_caption(results[0], world.Scene.from_dict(doc["scene"]))
+    return {
+        "fidelity_f1": score["f1"],
+        "fidelity_precision": score["precision"],
+        "fidelity_recall": score["recall"],
+        "visual_fact_accuracy": {"correct": score["visual_correct"], "stated": score["visual_stated"]},
+    }
+
+
+def visual_fact_accuracy(items: list[dict]) -> float:
+    """Right colour/shape/motion facts over stated ones, pooled over samples (0 if none stated)."""
+    stated = sum(item["stated"] for item in items)
+    return sum(item["correct"] for item in items) / stated if stated else 0.0
+
+
+def parse_letter(response: str) -> str | None:
+    """The first standalone A-D in the response ("B", "B.", "(B) red" -> "B"), else None."""
+    match = _LETTER.search(response)
+    return match.group(1) if match else None
+
+
+def process_mcq(doc: dict, results: list[str]) -> dict:
+    return {"accuracy": float(parse_letter(results[0]) == doc["answer"])}

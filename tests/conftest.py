@@ -1,0 +1,199 @@
+"""Shared fixtures: tiny random-weight models of both families, built once per session.
+
+Each family has a target and a smaller draft that share the tokenizer and the visual-token
+layout (as Qwen2.5-VL-32B/7B or LLaVA-OV-72B/7B do), saved with save_pretrained and loaded back
+through `load_backend`, so the loading path is exercised too. Everything is fp32 on the CPU.
+
+Random models have near-uniform logits; greedy argmax near-ties would then let a batched tree
+forward and sequential decoding disagree by float rounding alone. initializer_range is raised to
+0.3 (HF's 0.02 gives top-2 gaps of ~1e-4), which separates the logits by a wide margin, so a
+mismatch in the tests means a real bug.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+from transformers import (AutoTokenizer, LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration, Qwen2Config,
+                          Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, SiglipVisionConfig)
+
+from lvspec_eval.backends.base import Backend, PreparedInputs
+from lvspec_eval.backends.loading import load_backend
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
+
+TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "lvspec_eval" / "demo" / "checkpoints" / "tokenizer"
+INIT_RANGE = 0.3  # see the module docstring: well-separated greedy choices
+WORDS = ("what", "colour", "is", "the", "ball", "describe", "video", "moves", "left", "red", "square", "which",
+         "object", "appears", "first", "count", "shapes", "background", "blue", "circle")
+
+# LLaVA-OneVision's chat format: a `<video>` token per video part, then the text.
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'video' %}<video>\n"
+    "{% elif part['type'] == 'image' %}<image>\n{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass
+class Family:
+    """A target and a draft backend of one family, and how to call the HF model directly."""
+
+    name: str
+    target: Backend
+    draft: Backend
+    hf_kwargs: Callable[[Backend, PreparedInputs, torch.Tensor], dict]  # (backend, inputs, ids) -> forward kwargs
+    max_side: int  # frame sides are drawn from [14, max_side]
+
+
+# ------------------------------------------------------------------------------------------------
+# Qwen2.5-VL
+
+
+def _qwen_config(tokenizer, hidden: int, layers: int) -> Qwen2_5_VLConfig:
+    ids = tokenizer.convert_tokens_to_ids
+    head_dim = 16  # M-RoPE splits its 8 frequencies 2/3/3 over (t, h, w), as Qwen's 16/24/24 of 64 does
+    heads = hidden // head_dim
+    text = dict(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=max(1, heads // 2), intermediate_size=2 * hidden, max_position_embeddings=4096,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]},
+                bos_token_id=0, eos_token_id=tokenizer.eos_token_id, pad_token_id=0, tie_word_embeddings=False,
+                initializer_range=INIT_RANGE)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden, patch_size=14,
+                  temporal_patch_size=2, spatial_merge_size=2, window_size=56, fullatt_block_indexes=[1],
+                  tokens_per_second=2, initializer_range=INIT_RANGE)
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
+                            video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+                            vision_end_token_id=ids("<|vision_end|>"), eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=0, tie_word_embeddings=False, initializer_range=INIT_RANGE)
+
+
+def _qwen_hf_kwargs(backend: Backend, inputs: PreparedInputs, ids: torch.Tensor) -> dict:
+    """Qwen2.5-VL needs mm_token_type_ids (2 = video), else it silently uses 1-D positions."""
+    kwargs = {"input_ids": ids}
+    if inputs.model_kwargs:
+        kwargs.update(inputs.model_kwargs, mm_token_type_ids=(ids == backend.video_token_id).int() * 2)
+    return kwargs
+
+
+def _save_qwen(model, tokenizer, path: Path) -> None:
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    # A small pixel budget, read back by load_backend: frames are rounded to multiples of 28 px, at most 84x84.
+    (path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 28 * 28, "max_pixels": 84 * 84}))
+
+
+# ------------------------------------------------------------------------------------------------
+# LLaVA-OneVision
+
+
+def _llava_tokenizer():
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>", "<video>"]})
+    tok.chat_template = LLAVA_CHAT_TEMPLATE
+    return tok
+
+
+def _llava_config(tokenizer, hidden: int, layers: int) -> LlavaOnevisionConfig:
+    ids = tokenizer.convert_tokens_to_ids
+    text = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=4096, eos_token_id=tokenizer.eos_token_id, pad_token_id=0,
+                       tie_word_embeddings=False, initializer_range=INIT_RANGE)
+    # 56 px / 14 = a 4x4 patch grid, pooled to 2x2 tokens per frame (a real 384 px SigLIP: 27x27 -> 14x14).
+    vision = SiglipVisionConfig(image_size=56, patch_size=14, hidden_size=32, intermediate_size=64,
+                                num_hidden_layers=2, num_attention_heads=2, vision_use_head=False,
+                                initializer_range=INIT_RANGE)
+    return LlavaOnevisionConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                image_token_index=ids("<image>"), video_token_index=ids("<video>"),
+                                vision_feature_select_strategy="full", vision_feature_layer=-1,
+                                initializer_range=INIT_RANGE)
+
+
+def _llava_hf_kwargs(backend: Backend, inputs: PreparedInputs, ids: torch.Tensor) -> dict:
+    return {"input_ids": ids, **inputs.model_kwargs}
+
+
+def _save_llava(model, tokenizer, path: Path) -> None:
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    # What a released checkpoint ships; the fixed square size carries no pixel budget.
+    (path / "preprocessor_config.json").write_text(json.dumps(
+        {"size": {"height": 56, "width": 56}, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}))
+
+
+# ------------------------------------------------------------------------------------------------
+# Fixtures
+
+
+def _build(model_cls, config, tokenizer, save, path: Path, seed: int) -> Backend:
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    save(model, tokenizer, path)
+    return load_backend(str(path), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def qwen_family(tmp_path_factory) -> Family:
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    root = tmp_path_factory.mktemp("qwen")
+    cls = Qwen2_5_VLForConditionalGeneration
+    target = _build(cls, _qwen_config(tok, 64, 2), tok, _save_qwen, root / "target", seed=1)
+    draft = _build(cls, _qwen_config(tok, 32, 1), tok, _save_qwen, root / "draft", seed=2)
+    return Family("qwen2_5_vl", target, draft, _qwen_hf_kwargs, max_side=84)
+
+
+@pytest.fixture(scope="session")
+def llava_family(tmp_path_factory) -> Family:
+    tok = _llava_tokenizer()
+    root = tmp_path_factory.mktemp("llava")
+    cls = LlavaOnevisionForConditionalGeneration
+    target = _build(cls, _llava_config(tok, 64, 2), tok, _save_llava, root / "target", seed=3)
+    draft = _build(cls, _llava_config(tok, 32, 1), tok, _save_llava, root / "draft", seed=4)
+    return Family("llava_onevision", target, draft, _llava_hf_kwargs, max_side=80)
+
+
+FAMILY_FIXTURES = {"qwen2_5_vl": "qwen_family", "llava_onevision": "llava_family"}
+
+
+@pytest.fixture(params=list(FAMILY_FIXTURES))
+def family(request) -> Family:
+    """Both families; narrow with @pytest.mark.parametrize("family", [name], indirect=True)."""
+    return request.getfixturevalue(FAMILY_FIXTURES[request.param])
+
+
+# ------------------------------------------------------------------------------------------------
+# Random requests
+
+
+@dataclass
+class Case:
+    prompt: str
+    videos: list  # [(frames uint8 [T, H, W, 3], fps)]
+
+
+def random_case(seed: int, max_side: int, max_frames: int = 4, with_video: bool = True) -> Case:
+    """A prompt of 2-8 words from WORDS and a video of 1-max_frames random frames."""
+    rng = random.Random(seed)
+    prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8)))
+    if not with_video:
+        return Case(prompt, [])
+    t, h, w = rng.randint(1, max_frames), rng.randint(14, max_side), rng.randint(14, max_side)
+    frames = np.random.default_rng(seed).integers(0, 256, size=(t, h, w, 3), dtype=np.uint8)
+    return Case(prompt, [(frames, rng.choice([1.0, 2.0, 4.0]))])
+
+
+@pytest.fixture(scope="session")
+def make_case() -> Callable[..., Case]:
+    return random_case

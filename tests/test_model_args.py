@@ -1,0 +1,134 @@
+"""model_args: typing of lmms-eval's strings, defaults, and the errors that stop a run at start."""
+from __future__ import annotations
+
+import pytest
+import torch
+from lmms_eval.utils import simple_parse_args_string
+
+from lvspec_eval.demo import models as demo_models
+from lvspec_eval.models.args import ModelArgs, read_gen_kwargs
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+def parse(arg_string: str) -> ModelArgs:
+    """As lmms-eval does it: `k=v,k=v` half-typed by its own parser, then ours."""
+    return ModelArgs.parse(simple_parse_args_string(arg_string))
+
+
+def test_values_get_their_field_types():
+    args = parse("pretrained=Qwen/Qwen2.5-VL-7B-Instruct,method=sd_tree,max_frames=16,fps=1,min_pixels=784,"
+                 "max_new_tokens=32,tree=chain,tree_depth=7,prune_ratio=0.5,prune_lambda=1")
+    assert (args.max_frames, args.fps, args.min_pixels, args.max_new_tokens) == (16, 1.0, 784, 32)
+    assert isinstance(args.fps, float)
+    assert args.options == {"tree": "chain", "tree_depth": 7, "prune_ratio": 0.5, "prune_lambda": 1.0}
+    assert isinstance(args.options["prune_lambda"], float)
+
+
+def test_verifier_and_drafter_options_pass_through_typed():
+    args = parse("pretrained=demo,fly_window=6,lv_tau=0.25,pst_threshold=0.9,sparrow_mode=fast,lv_flag=true")
+    assert args.options == {"fly_window": 6, "lv_tau": 0.25, "pst_threshold": 0.9, "sparrow_mode": "fast",
+                            "lv_flag": True}
+
+
+def test_python_callers_may_pass_strings():
+    args = ModelArgs.parse({"pretrained": "demo", "max_frames": "12", "fps": "0.5", "tree_topk": "4"})
+    assert (args.max_frames, args.fps, args.options["tree_topk"]) == (12, 0.5, 4)
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="defaults differ on a CUDA machine")
+def test_defaults_on_cpu():
+    args = parse("pretrained=Qwen/Qwen2.5-VL-7B-Instruct")
+    assert (args.method, args.draft, args.device, args.dtype, args.attn_implementation) == (
+        "vanilla", "self", "cpu", "float32", "sdpa")
+    assert (args.fps, args.max_frames, args.max_new_tokens, args.batch_size) == (2.0, 32, 256, 1)
+
+
+def test_demo_defaults_follow_the_demo_videos():
+    args = parse("pretrained=demo")
+    assert args.draft == "demo-draft"
+    assert (args.fps, args.max_frames) == (demo_models.FPS, demo_models.LONG_FRAMES)
+    assert parse("pretrained=demo,draft=self,fps=2,max_frames=8").draft == "self"
+
+
+def test_runner_kwargs_carry_everything_the_runner_takes():
+    kwargs = parse("pretrained=demo,method=sd_tree,draft=self,tree_depth=3,min_pixels=784").runner_kwargs()
+    assert kwargs["pretrained"] == "demo" and kwargs["method"] == "sd_tree" and kwargs["draft"] == "self"
+    assert kwargs["options"] == {"tree_depth": 3} and kwargs["min_pixels"] == 784
+
+
+@pytest.mark.parametrize("arg_string, message", [
+    ("pretrained=demo,temprature=0", r"unknown model_args temprature; accepted: pretrained, draft, method"),
+    ("pretrained=demo,max_frames=abc", r"max_frames='abc' is not an integer"),
+    ("pretrained=demo,max_frames=2.5", r"max_frames=2.5 is not an integer"),
+    ("pretrained=demo,fps=fast", r"fps='fast' is not a number"),
+    ("pretrained=demo,tree_depth=deep", r"tree_depth='deep' is not an integer"),
+    ("pretrained=demo,prune_ratio=lots", r"prune_ratio='lots' is not a number"),
+    ("pretrained=demo,method=vanila", r"unknown method 'vanila'.*Did you mean 'vanilla'"),
+    ("pretrained=demo,method=custom", r"method=custom needs drafter=<name> and verifier=<name>"),
+    ("pretrained=demo,method=custom,drafter=model,verifier=nope", r"unknown verifier 'nope'"),
+    ("pretrained=demo,dtype=float64", r"dtype='float64' is not supported; expected one of float32"),
+    ("pretrained=demo,attn_implementation=flash", r"attn_implementation='flash' is not supported"),
+    ("pretrained=demo,batch_size=4", r"batch_size=4 is not supported"),
+    ("pretrained=demo,max_new_tokens=0", r"max_new_tokens=0 must be a positive integer"),
+    ("pretrained=demo,fps=0", r"fps=0.0 must be positive"),
+    ("pretrained=demo,min_pixels=1000,max_pixels=10", r"min_pixels=1000 is larger than max_pixels=10"),
+    ("pretrained=demo,tree=bushy", r"tree='bushy' is not a tree kind"),
+    ("pretrained=demo,prune_ratio=1.5", r"prune_ratio must be in \[0, 1\)"),
+    ("pretrained=demo,device=tpu9", r"device='tpu9' is not a device"),
+    ("pretrained=/no/such/model", r"pretrained='/no/such/model' looks like a local path but does not exist"),
+    ("pretrained=./no-such-model", r"pretrained='./no-such-model' looks like a local path"),
+    ("pretrained=~/no-such-model-lvspec", r"pretrained='~/no-such-model-lvspec' looks like a local path"),
+    ("pretrained=demo,draft=/no/such/draft", r"draft='/no/such/draft' looks like a local path"),
+])
+def test_bad_model_args_fail_with_a_message_naming_them(arg_string, message):
+    with pytest.raises(ValueError, match=message):
+        parse(arg_string)
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="CUDA is available here")
+def test_cuda_requested_without_cuda():
+    with pytest.raises(ValueError, match="device='cuda' but CUDA is not available"):
+        parse("pretrained=demo,device=cuda")
+
+
+def test_a_path_whose_first_part_exists_is_checked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(ValueError, match="pretrained='checkpoints/missing' looks like a local path"):
+        parse("pretrained=checkpoints/missing")
+    assert parse("pretrained=Qwen/Qwen2.5-VL-7B-Instruct").pretrained == "Qwen/Qwen2.5-VL-7B-Instruct"  # hub id
+
+
+def test_batch_size_one_in_any_form_is_accepted():
+    assert ModelArgs.parse({"pretrained": "demo", "batch_size": "1"}).batch_size == 1
+    assert ModelArgs.parse({"pretrained": "demo", "batch_size": 1, "max_batch_size": None}).batch_size == 1
+
+
+def test_the_model_class_fails_at_construction_before_loading_anything():
+    from lvspec_eval.models.lvspec import LVSpecChat, LVSpecSimple
+
+    for cls in (LVSpecChat, LVSpecSimple):
+        with pytest.raises(ValueError, match="unknown method 'fastest'"):
+            cls(pretrained="/definitely/not/loaded", method="fastest")
+        with pytest.raises(ValueError, match="does not exist"):
+            cls(pretrained="/no/such/model", method="vanilla")
+
+
+# ---- generation_kwargs ---------------------------------------------------------------------------
+
+def test_gen_kwargs_defaults_and_overrides():
+    s = read_gen_kwargs(None, 256)
+    assert (s.max_new_tokens, s.until, s.sampling_ignored) == (256, (), False)
+    s = read_gen_kwargs({"max_new_tokens": 64, "until": "\n\n", "temperature": 0}, 256)
+    assert (s.max_new_tokens, s.until, s.sampling_ignored) == (64, ("\n\n",), False)
+    s = read_gen_kwargs({"until": ["<|im_end|>", ""], "temperature": 0.7}, 16)
+    assert (s.until, s.requested_temperature, s.sampling_ignored) == (("<|im_end|>",), 0.7, True)
+    assert read_gen_kwargs({"do_sample": True}, 16).sampling_ignored
+
+
+def test_bad_gen_kwargs():
+    with pytest.raises(ValueError, match="max_new_tokens='many' is not an integer"):
+        read_gen_kwargs({"max_new_tokens": "many"}, 16)
+    with pytest.raises(ValueError, match="max_new_tokens=0 must be at least 1"):
+        read_gen_kwargs({"max_new_tokens": 0}, 16)
