@@ -56,7 +56,7 @@ def quality(sample: dict, text: str) -> float:
     """The task's own metric on one sample: oracle caption F1, or MC correctness."""
     if sample["answer"] is None:
         return score_caption(text, sample["scene"])["f1"]
-    letter = next((c for c in text.strip() if c in "ABCD"), "")
+    letter = next((c for c in text.strip() if c in world.LETTERS), "")
     return float(letter == sample["answer"])
 
 

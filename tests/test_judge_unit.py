@@ -165,7 +165,6 @@ def test_server_taking_no_response_format_gets_plain_text():
 def test_auth_error_is_not_taken_for_a_format_problem_and_does_not_leak_the_key(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     fake = FakeJudge(reject=("json_schema",), status=401)
-    fake.reply = None
     with pytest.raises(JudgeSetupError, match="HTTP 401") as caught:
         make_client(fake).judge(detail_request())
     assert len(fake.bodies) == 1

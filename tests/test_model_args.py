@@ -26,9 +26,13 @@ def test_values_get_their_field_types():
 
 
 def test_verifier_and_drafter_options_pass_through_typed():
-    args = parse("pretrained=demo,fly_window=6,lv_tau=0.25,pst_threshold=0.9,sparrow_mode=fast,lv_flag=true")
-    assert args.options == {"fly_window": 6, "lv_tau": 0.25, "pst_threshold": 0.9, "sparrow_mode": "fast",
-                            "lv_flag": True}
+    args = parse("pretrained=demo,fly_window=4,lv_threshold=0.25,lv_loose=topk,pst=off")
+    assert args.options == {"fly_window": 4, "lv_threshold": 0.25, "lv_loose": "topk", "pst": "off"}
+
+
+def test_verifier_options_are_checked_by_their_owners_at_start():
+    with pytest.raises(ValueError, match="lv_treshold"):
+        parse("pretrained=demo,lv_treshold=0.5")
 
 
 def test_python_callers_may_pass_strings():

@@ -71,7 +71,7 @@ def test_mcq_answers_name_the_right_option(small):
     for i in range(12):
         doc = tasks_data.make_doc("synthvid_mcq", tasks_data.TASKS["synthvid_mcq"], i)
         scene = world.Scene.from_dict(doc["scene"])
-        option = doc["options"]["ABCD".index(doc["answer"])]
+        option = doc["options"][world.LETTERS.index(doc["answer"])]
         if doc["kind"] == "count":
             assert option == world.COUNT_WORDS[len(scene.objects)]
         if doc["kind"] == "background":
@@ -113,11 +113,12 @@ def test_bad_size_env(monkeypatch):
 
 # ---- task functions (tasks/synthvid/utils.py) --------------------------------------------------
 
-@pytest.mark.parametrize("response, letter", [
-    ("B", "B"), ("B.", "B"), ("(C) red", "C"), ("The answer is D", "D"), (" a. red", None), ("", None),
+@pytest.mark.parametrize("response, num_options, letter", [
+    ("B", 4, "B"), ("B.", 4, "B"), ("(C) red", 4, "C"), ("The answer is D", 4, "D"), (" a. red", 4, None),
+    ("", 4, None), ("E", 4, None), ("E. purple", 6, "E"), ("EB", 6, None),
 ])
-def test_parse_letter(response, letter):
-    assert load_utils().parse_letter(response) == letter
+def test_parse_letter(response, num_options, letter):
+    assert load_utils().parse_letter(response, num_options) == letter
 
 
 def test_caption_scoring_and_aggregation():
@@ -136,8 +137,10 @@ def test_caption_scoring_and_aggregation():
 
 def test_mcq_scoring():
     utils = load_utils()
-    assert utils.process_mcq({"answer": "C"}, ["C. blue"]) == {"accuracy": 1.0}
-    assert utils.process_mcq({"answer": "C"}, ["B"]) == {"accuracy": 0.0}
+    doc = {"answer": "C", "options": ["red", "green", "blue", "yellow", "white", "purple"]}
+    assert utils.process_mcq(doc, ["C. blue"]) == {"accuracy": 1.0}
+    assert utils.process_mcq(doc, ["B"]) == {"accuracy": 0.0}
+    assert utils.process_mcq({**doc, "answer": "F"}, ["F"]) == {"accuracy": 1.0}
 
 
 def test_prompts_are_fixed_and_put_the_video_first():

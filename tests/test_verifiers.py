@@ -20,7 +20,7 @@ from lvspec_eval.decoding.verifiers.fly import FlyVerifier, fly_accept
 from lvspec_eval.decoding.verifiers.lvspec import LVSpecVerifier, lvspec_walk
 
 VOCAB, DIM, LAYER = 32, 8, 3
-VISUAL = torch.eye(DIM)[:4]  # [4 visual tokens, DIM]
+VISUAL = {LAYER: torch.eye(DIM)[:4]}  # layer -> [4 visual tokens, DIM]
 ON_VIDEO, OFF_VIDEO = torch.eye(DIM)[0], torch.eye(DIM)[7]  # relevance 1 and 0 with lv_topn=1
 
 
@@ -120,11 +120,11 @@ def random_case(rng: random.Random, num_nodes: int, as_chain: bool):
     kids: dict[int, set] = {}
     tokens = []
     for p in parents:  # siblings carry distinct tokens, as a drafter's top-k does
-        token = rng.choice(sorted(set(range(6)) - kids.setdefault(p, set())))
+        token = rng.choice(sorted(set(range(10)) - kids.setdefault(p, set())))
         kids[p].add(token)
         tokens.append(token)
     logits = torch.randn(num_nodes + 1, VOCAB, generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
-    logits[:, :6] += 3.0  # make the draft's tokens competitive so that some match
+    logits[:, :10] += 3.0  # make the draft's tokens competitive so that some match
     draft = Draft(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long))
     hidden = {LAYER: torch.randn(1 + num_nodes, DIM)}
     return draft, Scores(logits=logits, hidden=hidden, num_pending=1)
@@ -143,30 +143,30 @@ def test_fly_with_infinite_entropy_threshold_is_exact(as_chain):
 
 def test_lvspec_is_strict_on_visually_relevant_tokens():
     rows = [ratio(9, 1, 0.9), sure(2), sure(10)]  # the draft's 1 is very plausible ...
-    strict = lvspec().verify(chain([1, 2]), scores(rows, [ON_VIDEO, OFF_VIDEO]))
+    strict = lvspec().verify(chain([1, 2]), scores(rows, [ON_VIDEO, OFF_VIDEO]), VISUAL)
     assert strict.tokens == [9] and strict.kinds == [TARGET]  # ... but visual: rejected
-    lenient = lvspec().verify(chain([1, 2]), scores(rows, [OFF_VIDEO, OFF_VIDEO]))
+    lenient = lvspec().verify(chain([1, 2]), scores(rows, [OFF_VIDEO, OFF_VIDEO]), VISUAL)
     assert lenient.tokens == [1, 2, 10] and lenient.kinds == [LOOSE, EXACT, TARGET]
     assert lenient.relevance == [pytest.approx(0.0), pytest.approx(0.0), None]
 
 
 def test_lvspec_relevance_reads_node_rows_after_the_pending_tokens():
     rows = [ratio(9, 1, 0.9), sure(10)]
-    verdict = lvspec().verify(chain([1]), scores(rows, [OFF_VIDEO], num_pending=3))
+    verdict = lvspec().verify(chain([1]), scores(rows, [OFF_VIDEO], num_pending=3), VISUAL)
     assert verdict.kinds == [LOOSE, TARGET] and verdict.relevance[0] == pytest.approx(0.0)
 
 
 @pytest.mark.parametrize("r, accepted", [(0.5, True), (0.31, True), (0.2, False)])
 def test_lvspec_loose_accepts_by_probability_ratio(r, accepted):
     rows = [ratio(9, 1, r), sure(10)]
-    verdict = lvspec(lv_lambda=0.3).verify(chain([1]), scores(rows, [OFF_VIDEO]))
+    verdict = lvspec(lv_lambda=0.3).verify(chain([1]), scores(rows, [OFF_VIDEO]), VISUAL)
     assert verdict.tokens == ([1, 10] if accepted else [9])
 
 
 @pytest.mark.parametrize("k, accepted", [(1, False), (2, False), (3, True)])
 def test_lvspec_loose_accepts_by_target_top_k(k, accepted):
     rows = [{9: 5.0, 8: 4.0, 1: 3.0}, sure(10)]  # the draft's 1 is the target's third choice
-    verdict = lvspec(lv_loose="topk", lv_topk=k).verify(chain([1]), scores(rows, [OFF_VIDEO]))
+    verdict = lvspec(lv_loose="topk", lv_topk=k).verify(chain([1]), scores(rows, [OFF_VIDEO]), VISUAL)
     assert verdict.tokens == ([1, 10] if accepted else [9])
 
 
@@ -174,12 +174,12 @@ def test_lvspec_pst_realigns_and_keeps_kv_only_before_the_shift():
     draft = chain([1, 2, 3, 4, 5, 6])  # the draft inserted 3 before 4
     rows = [sure(1), sure(2), sure(4), sure(11), sure(5), sure(6), sure(7)]
     hidden = [OFF_VIDEO, OFF_VIDEO, ON_VIDEO, OFF_VIDEO, OFF_VIDEO, OFF_VIDEO]
-    verdict = lvspec(pst_window=2).verify(draft, scores(rows, hidden))
+    verdict = lvspec(pst_window=2).verify(draft, scores(rows, hidden), VISUAL)
     assert verdict.tokens == [1, 2, 4, 5, 6, 7]
     assert verdict.path == [0, 1, 3, 4, 5]
     assert verdict.kinds == [EXACT, EXACT, PST, EXACT, EXACT, TARGET]
     assert verdict.num_cached == 2  # nodes after the shift were scored with the 3 in context
-    off = lvspec(pst="off", pst_window=2).verify(draft, scores(rows, hidden))
+    off = lvspec(pst="off", pst_window=2).verify(draft, scores(rows, hidden), VISUAL)
     assert off.tokens == [1, 2, 4] and off.num_cached == 2
 
 
@@ -187,8 +187,8 @@ def test_lvspec_pst_window_bounds_the_shift():
     draft = chain([1, 2, 3, 4, 5])  # the target's 4 sits three levels below the mismatch
     rows = [sure(4), sure(12), sure(13), sure(14), sure(5), sure(6)]
     hidden = [ON_VIDEO] * 5
-    assert lvspec(pst_window=2).verify(draft, scores(rows, hidden)).tokens == [4]
-    three = lvspec(pst_window=3).verify(draft, scores(rows, hidden))
+    assert lvspec(pst_window=2).verify(draft, scores(rows, hidden), VISUAL).tokens == [4]
+    three = lvspec(pst_window=3).verify(draft, scores(rows, hidden), VISUAL)
     assert three.tokens == [4, 5, 6] and three.num_cached == 0 and three.kinds == [PST, EXACT, TARGET]
 
 
@@ -198,12 +198,12 @@ def test_lvspec_walks_trees_greedily():
     rows = [{9: 5.0, 1: 4.0, 2: 4.5},  # neither child matches 9; both plausible, the target prefers 2
             sure(3), sure(5), sure(20), sure(4), sure(21), sure(22)]
     hidden = [OFF_VIDEO] * 6
-    verdict = lvspec().verify(draft, scores(rows, hidden))
+    verdict = lvspec().verify(draft, scores(rows, hidden), VISUAL)
     assert verdict.path == [1, 4] and verdict.tokens == [2, 5, 21]  # then exact child 5 (n4), bonus
     assert verdict.kinds == [LOOSE, EXACT, TARGET] and verdict.num_cached == 2
     # PST in a tree: the target's 6 is a grandchild (n5) of the root's child n1
     rows[0] = sure(6)
-    shifted = lvspec(pst_window=1).verify(draft, scores(rows, [ON_VIDEO] * 6))
+    shifted = lvspec(pst_window=1).verify(draft, scores(rows, [ON_VIDEO] * 6), VISUAL)
     assert shifted.path == [5] and shifted.tokens == [6, 22] and shifted.num_cached == 0
 
 

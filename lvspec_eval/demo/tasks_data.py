@@ -4,7 +4,7 @@ Generated on first use into a cache folder ($LVSPEC_DATA, default ~/.cache/lvspe
 one sub-folder per task: `videos/NNNNN.mp4` (world.render, encoded with libx264 in yuv444p at
 CRF 12 so that colours survive the codec) and `docs.jsonl` (one doc per line: video path relative
 to the task folder, the scene record, prompt, answer). `meta.json` records what was generated; a
-change of version, size or seed regenerates the task. Everything is a pure function of the seeds:
+change of version, size, seeds or of the demo world's output regenerates the task. Everything is a pure function of the seeds:
 the same seeds give byte-identical docs.jsonl files and identical decoded frames.
 
 Scenes come from seeds at data.TEST_SEED and above, which training never uses.
@@ -12,6 +12,7 @@ $LVSPEC_SYNTHVID_DOCS caps the number of docs per task (tests use it to stay fas
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -108,9 +109,20 @@ def write_video(path: Path, frames: np.ndarray, fps: float) -> None:
         container.mux(stream.encode(None))
 
 
+def fingerprint(task: str, spec: TaskSpec) -> str:
+    """Hash of every doc and of the first video's frames: a change to the demo world (scenes,
+    captions, questions, rendering) makes a cached copy stale even when the spec is unchanged."""
+    digest = hashlib.sha256()
+    for i in range(spec.num_docs):
+        digest.update(json.dumps(make_doc(task, spec, i), sort_keys=True).encode())
+    scene = world.make_scene(spec.first_seed)
+    digest.update(world.render(scene, spec.num_frames, models.FRAME_SIZE, models.FRAME_SIZE).tobytes())
+    return digest.hexdigest()
+
+
 def _meta(task: str, spec: TaskSpec) -> dict:
     return {"version": VERSION, "task": task, "spec": asdict(spec), "frame_size": models.FRAME_SIZE,
-            "fps": models.FPS, "crf": CRF}
+            "fps": models.FPS, "crf": CRF, "fingerprint": fingerprint(task, spec)}
 
 
 def _is_complete(folder: Path, meta: dict) -> bool:

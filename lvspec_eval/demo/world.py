@@ -231,10 +231,15 @@ def caption_facts(text: str) -> CaptionFacts:
 # ----------------------------------------------------------------------------------------------
 # Multiple-choice questions
 
-LETTERS = "ABCD"
+LETTERS = "ABCDEF"
 
 
-def _options(rng: random.Random, answer: str, pool: list[str]) -> tuple[list[str], str]:
+def _fixed_options(answer: str, pool: list[str]) -> tuple[list[str], str]:
+    """All values of the attribute, in their canonical order: the letter names the value."""
+    return list(pool), LETTERS[pool.index(answer)]
+
+
+def _shuffled_options(rng: random.Random, answer: str, pool: list[str]) -> tuple[list[str], str]:
     others = [p for p in pool if p != answer]
     opts = rng.sample(others, 3) + [answer]
     rng.shuffle(opts)
@@ -242,26 +247,29 @@ def _options(rng: random.Random, answer: str, pool: list[str]) -> tuple[list[str
 
 
 def make_questions(scene: Scene) -> list[dict]:
-    """All multiple-choice questions for a scene: {kind, question, options, answer}."""
+    """All multiple-choice questions for a scene: {kind, question, options, answer}.
+
+    Attribute questions list every value of the attribute in a fixed order (as a form would);
+    the temporal-order question lists four object names in random order.
+    """
     rng = random.Random(scene.seed * 104729 + 3)
     qs: list[tuple[str, str, str, list[str]]] = [
         ("count", "How many objects are in the video?", COUNT_WORDS[len(scene.objects)], list(COUNT_WORDS[1:5])),
-        ("background", "What colour is the background?", scene.background, list(BACKGROUNDS) + ["white"]),
+        ("background", "What colour is the background?", scene.background, list(BACKGROUNDS)),
     ]
     for k, obj in enumerate(scene.objects):
         ordinal = ORDINALS[k]
         qs.append(("colour", f"What colour is the {ordinal} object?", obj.colour, list(COLOURS)))
         qs.append(("shape", f"What shape is the {ordinal} object?", obj.shape, list(SHAPES)))
         qs.append(("motion", f"Which way does the {obj.colour} {obj.shape} move?", obj.motion, list(MOTIONS)))
+    out = [{"kind": kind, "question": question, **dict(zip(("options", "answer"), _fixed_options(answer, pool)))}
+           for kind, question, answer, pool in qs]
     if len(scene.objects) > 1:
         names = [f"the {o.colour} {o.shape}" for o in scene.objects]
         distract = [f"the {c} {s}" for c in COLOURS for s in SHAPES if f"the {c} {s}" not in names]
         pool = names[1:] + rng.sample(distract, 3 - min(3, len(names) - 1)) + [names[0]]
-        qs.append(("order", "Which object appears first?", names[0], pool))
-    out = []
-    for kind, question, answer, pool in qs:
-        opts, letter = _options(rng, answer, pool)
-        out.append({"kind": kind, "question": question, "options": opts, "answer": letter})
+        opts, letter = _shuffled_options(rng, names[0], pool)
+        out.append({"kind": "order", "question": "Which object appears first?", "options": opts, "answer": letter})
     return out
 
 

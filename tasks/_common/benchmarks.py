@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from loguru import logger
+
 from .builtin import DEFAULT_HF_HOME, builtin_utils
 
 VIDEO_SUFFIX_SWAPS = ((".mp4", ".MP4"), (".mp4", ".mkv"))  # what the built-in tasks also try
@@ -56,7 +58,7 @@ MVBENCH_CONFIGS = (
 )
 
 BENCHMARKS = {b.name: b for b in (
-    Benchmark("videomme", "LVSPEC_VIDEOMME_ROOT", "lmms-lab/Video-MME", "test", "videomme", "data", "videoID",
+    Benchmark("videomme", "LVSPEC_VIDEOMME_ROOT", "lmms-eval/Video-MME", "test", "videomme", "data", "videoID",
               ".mp4", annotation_globs=("videomme/{split}-*.parquet",)),
     Benchmark("vdc", "LVSPEC_VDC_ROOT", "wchai/lmms_VDC_test", "test", "vdc_test", "Test_Videos", "video_name",
               ".mp4"),
@@ -157,17 +159,26 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def local_rows(bench: Benchmark, root: Path) -> list[dict]:
-    """All rows under an environment-variable root; ValueError naming what was looked for."""
-    rows = []
+    """All rows under an environment-variable root.
+
+    A benchmark with several configs (MVBench's sub-tasks) may hold only some of them: the absent
+    ones are skipped with a warning. No annotations at all is a ValueError naming what was looked for.
+    """
+    rows, absent = [], []
     for config in bench.configs:
         files = _local_files(bench, root, config)
-        if not files:
-            looked = ([f"{bench.split}.jsonl|json|parquet"] if config is None else []) + [
-                g.format(config=config, split=bench.split) for g in bench.annotation_globs]
-            raise ValueError(f"{bench.env_var}={str(root)!r}: no annotations for {bench.name}"
-                             f"{'' if config is None else ' ' + config}; looked for {', '.join(looked)}")
+        absent += [] if files else [config]
         for path in files:
             rows += [_tag(row, bench, config) for row in read_rows(path)]
+    if not rows and absent:
+        looked = ([f"{bench.split}.jsonl|json|parquet"] if bench.configs == (None,) else []) + [
+            g.format(config="<config>" if bench.configs != (None,) else None, split=bench.split)
+            for g in bench.annotation_globs]
+        raise ValueError(f"{bench.env_var}={str(root)!r}: no annotations for {bench.name}; looked for "
+                         f"{', '.join(looked)}")
+    if absent and bench.configs != (None,):
+        logger.warning(f"{bench.name}: no annotations for {len(absent)} of {len(bench.configs)} parts under "
+                       f"{root} ({', '.join(map(str, absent))}); running the others")
     return rows
 
 

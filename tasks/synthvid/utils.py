@@ -12,7 +12,6 @@ import datasets
 from judges.oracle import score_caption
 from lvspec_eval.demo import tasks_data, world
 
-_LETTER = re.compile(r"\b([A-D])\b")
 
 
 def process_docs(dataset: datasets.Dataset) -> datasets.Dataset:
@@ -54,11 +53,12 @@ def visual_fact_accuracy(items: list[dict]) -> float:
     return sum(item["correct"] for item in items) / stated if stated else 0.0
 
 
-def parse_letter(response: str) -> str | None:
-    """The first standalone A-D in the response ("B", "B.", "(B) red" -> "B"), else None."""
-    match = _LETTER.search(response)
+def parse_letter(response: str, num_options: int = 4) -> str | None:
+    """The first standalone option letter in the response ("B", "B.", "(B) red" -> "B"), else None."""
+    letters = world.LETTERS[:num_options]
+    match = re.search(rf"\b([{letters}])\b", response)
     return match.group(1) if match else None
 
 
 def process_mcq(doc: dict, results: list[str]) -> dict:
-    return {"accuracy": float(parse_letter(results[0]) == doc["answer"])}
+    return {"accuracy": float(parse_letter(results[0], len(doc["options"])) == doc["answer"])}

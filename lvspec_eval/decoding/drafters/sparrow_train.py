@@ -352,7 +352,7 @@ def train(args) -> Path:
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     ckpt, log = work / "sparrow.ckpt", work / "train_sparrow.log"
     start = _resume(ckpt, head, opt) if args.resume and ckpt.exists() else 0
-    _log(log, {"event": "start", "step": start, "args": vars(args), "examples": len(records), "time": time.time()})
+    _log(log, {"event": "start", "step": start, "args": {k: v for k, v in vars(args).items() if not callable(v)}, "examples": len(records), "time": time.time()})
     head.train()
     done = start
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc="sparrow", mininterval=5)

@@ -1,0 +1,53 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv if missing and
+# install everything (idempotent: a stamp file skips the install when nothing changed).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.lvspec-installed
+JUDGE_STAMP := $(VENV)/.judge-server-installed
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test test-fast judge-server retention-gate build-demo clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
+	# lmms-eval pulls torchvision (a CUDA-only build here that breaks `import torchvision`) and
+	# timm (which imports it); nothing we run needs either.
+	$(PY) -m pip uninstall -y -q torchvision timm
+	$(PY) -c "import torch, transformers, lmms_eval, lvspec_eval; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+# A real OpenAI-compatible judge server for the integration test (llama.cpp, built once).
+judge-server: $(JUDGE_STAMP)
+
+$(JUDGE_STAMP): $(STAMP) scripts/judge_server.sh
+	bash scripts/judge_server.sh $(VENV)
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/lvspec-eval demo
+
+# The whole suite (fast unit tests, slow end-to-end runs, the real judge server), then the
+# quality-retention gate on a small demo run.
+test: $(STAMP) $(JUDGE_STAMP)
+	$(PY) -m pytest -q -m "not gpu"
+	$(MAKE) retention-gate
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not gpu and not judge_server"
+
+retention-gate: $(STAMP)
+	rm -rf .cache/gate
+	$(VENV)/bin/lvspec-eval demo --limit 6 --out .cache/gate
+	$(VENV)/bin/lvspec-eval check .cache/gate/summary.json --min-retention 0.9
+
+build-demo: $(STAMP)
+	$(VENV)/bin/lvspec-eval build-demo
+
+clean:
+	rm -rf .cache/gate .pytest_cache

@@ -1,0 +1,55 @@
+"""LongVideoBench (validation, video only, no interleaved subtitles), multiple choice.
+
+Prompt layout as lmms-eval's `longvideobench_val_v` (question, "A. option" lines, the fixed
+post-prompt). Scoring is ours, for two reasons: lmms-eval's module imports decord (not installed
+here), and its parser answers a random letter when it cannot read the reply, so two runs of the
+same outputs could score differently. Ours is deterministic: an unreadable reply is wrong.
+lvb_acc is the accuracy as a fraction (lmms-eval's "Overall" acc).
+"""
+import sys
+from pathlib import Path
+
+_TASKS_DIR = str(Path(__file__).resolve().parent.parent)
+if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
+    sys.path.insert(0, _TASKS_DIR)
+
+from _common import benchmarks, metrics  # noqa: E402
+
+BENCH = "longvideobench"
+MAX_OPTIONS = 5  # option0 .. option4; unused ones are "N/A"
+
+
+def options(doc) -> list[str]:
+    found = [doc.get(f"option{i}") for i in range(MAX_OPTIONS)]
+    return [o for o in found if o is not None and o != "N/A"]
+
+
+def letters(doc) -> list[str]:
+    return [chr(ord("A") + i) for i in range(len(options(doc)))]
+
+
+def process_docs(dataset):
+    return benchmarks.process_docs(BENCH, dataset)
+
+
+def doc_to_visual(doc):
+    return [benchmarks.video_path(benchmarks.get(BENCH), doc)]
+
+
+def doc_to_text(doc, lmms_eval_specific_kwargs=None):
+    kwargs = lmms_eval_specific_kwargs or {}
+    lines = [f"{letter}. {option}" for letter, option in zip(letters(doc), options(doc))]
+    question = doc["question"] + "\n" + "\n".join(lines)
+    return f"{kwargs.get('pre_prompt', '')}{question}\n{kwargs.get('post_prompt', '')}"
+
+
+def process_results(doc, results):
+    parsed = metrics.parse_choice(results[0], letters(doc))
+    answer = chr(ord("A") + int(doc["correct_choice"]))
+    return {"lvb_acc": {"id": doc["id"], "duration_group": doc["duration_group"],
+                        "question_category": doc["question_category"], "answer": answer,
+                        "parsed_pred": parsed, "score": float(parsed == answer)}}
+
+
+def aggregate(results):
+    return metrics.accuracy(results)

@@ -1,0 +1,68 @@
+"""VDC (video detailed captions), five dimensions, judged by this project's judges/ (VDCscore).
+
+lmms-eval's VDC tasks pick a random instruction per sample and judge with an sglang server
+(CUDA only). Ours ask each dimension's first (canonical) instruction from lmms-eval's own lists,
+every time, and judge through judges.client in mode "vdc": the judge answers each reference
+question from the caption alone, then marks the answer (yes/no and 0-5). vdc_score is the mean
+mark (0-5), vdc_acc the share of "yes", both per sample and averaged, as VDCscore reports them.
+The reference questions are logged with each sample (qa_list) so `lvspec-eval judge --mode vdc`
+can score a run again later.
+"""
+import sys
+from pathlib import Path
+
+_TASKS_DIR = str(Path(__file__).resolve().parent.parent)
+if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
+    sys.path.insert(0, _TASKS_DIR)
+
+from _common import benchmarks, judge, metrics  # noqa: E402
+from _common.builtin import builtin_utils  # noqa: E402
+
+BENCH = "vdc"
+# dimension -> lmms-eval's list of instructions for it (we always ask entry `prompt_index`)
+PROMPT_LISTS = {
+    "detailed": "DETAILED_CAPTION_PROMPTS",
+    "camera": "CAMERA_CAPTION_PROMPTS",
+    "short": "SHORT_CAPTION_PROMPTS",
+    "background": "BACKGROUND_CAPTION_PROMPTS",
+    "main_object": "MAIN_OBJECT_CAPTION_PROMPTS",
+}
+
+
+def instruction(dimension: str, index: int = 0) -> str:
+    if dimension not in PROMPT_LISTS:
+        raise ValueError(f"VDC dimension {dimension!r}; expected one of {', '.join(PROMPT_LISTS)}")
+    return getattr(builtin_utils("vdc"), PROMPT_LISTS[dimension])[index]
+
+
+def process_docs(dataset):
+    return benchmarks.process_docs(BENCH, dataset)
+
+
+def doc_to_visual(doc):
+    return [benchmarks.video_path(benchmarks.get(BENCH), doc)]
+
+
+def doc_to_text(doc, lmms_eval_specific_kwargs=None):
+    kwargs = lmms_eval_specific_kwargs or {}
+    return instruction(kwargs.get("dimension", "detailed"), int(kwargs.get("prompt_index", 0)))
+
+
+def qa_pairs(doc) -> tuple:
+    return tuple((str(qa["question"]), str(qa["answer"])) for qa in doc["qa_list"])
+
+
+def process_results(doc, results):
+    caption = results[0]
+    result = judge.score_caption("vdc", f"vdc/{doc['video_name']}", caption, doc["caption"], "", qa_pairs(doc))
+    where = {"video_name": doc["video_name"]}
+    return {
+        "vdc_score": judge.judged(result["score"], result["error"], **where),
+        "vdc_acc": judge.judged(result["acc"], result["error"], **where),
+        "qa_list": [{"question": q, "answer": a} for q, a in qa_pairs(doc)],  # logged, not aggregated
+    }
+
+
+def aggregate(results):
+    """Mean over judged samples (missing judgments left out and counted in the log)."""
+    return metrics.mean_judged(results)

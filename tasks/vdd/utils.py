@@ -1,0 +1,40 @@
+"""VideoDetailDescription (VDD, Video-ChatGPT's 499 detailed-description questions).
+
+The question is the doc's own (fixed per sample, as in lmms-eval's `video_dc499`); the caption is
+judged by this project's judges/ in mode "detail" (detail orientation, 0-5) instead of the
+built-in task's direct requests to OpenAI. A missing judgment is None, not 0.
+"""
+import sys
+from pathlib import Path
+
+_TASKS_DIR = str(Path(__file__).resolve().parent.parent)
+if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
+    sys.path.insert(0, _TASKS_DIR)
+
+from _common import benchmarks, judge, metrics  # noqa: E402
+
+BENCH = "vdd"
+
+
+def process_docs(dataset):
+    return benchmarks.process_docs(BENCH, dataset)
+
+
+def doc_to_visual(doc):
+    return [benchmarks.video_path(benchmarks.get(BENCH), doc)]
+
+
+def doc_to_text(doc, lmms_eval_specific_kwargs=None):
+    kwargs = lmms_eval_specific_kwargs or {}
+    return f"{kwargs.get('pre_prompt', '')}{doc['question']}{kwargs.get('post_prompt', '')}"
+
+
+def process_results(doc, results):
+    caption = results[0]
+    result = judge.score_caption("detail", f"vdd/{doc['video_name']}", caption, doc["answer"], doc["question"])
+    return {"detail_score": judge.judged(result["score"], result["error"], video_name=doc["video_name"])}
+
+
+def aggregate(results):
+    """Mean detail score (0-5) over judged samples."""
+    return metrics.mean_judged(results)
