@@ -96,7 +96,7 @@ class JudgeCache:
         with self._lock:
             self._db.close()
 
-    def __enter__(self) -> "JudgeCache":
+    def __enter__(self) -> JudgeCache:
         return self
 
     def __exit__(self, *exc: object) -> None:

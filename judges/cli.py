@@ -23,11 +23,11 @@ import contextlib
 import json
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from judges.cache import JudgeCache
-from judges.client import MODES, CaptionItem, JudgeClient, score_captions
+from judges.client import DEFAULT_QUESTION, MODES, CaptionItem, JudgeClient, score_captions
 from judges.config import API_TYPES, RESPONSE_FORMATS, JudgeConfig
 from judges.prompts import all_specs
 
@@ -141,7 +141,7 @@ def read_samples(path: Path, limit: int | None = None) -> list[CaptionItem]:
             question = sample.get("input") if isinstance(sample.get("input"), str) else doc.get("question")
             items.append(CaptionItem(key=f"{task}/{sample['doc_id']}", caption=response_text(sample),
                                      reference=str(sample.get("target", "")),
-                                     question=question or CaptionItem.question, qa=sample_qa(sample)))
+                                     question=question or DEFAULT_QUESTION, qa=sample_qa(sample)))
             if limit is not None and len(items) >= limit:
                 break
     return items

@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass
 import openai
 from tqdm import tqdm
 
+from judges import prompts
 from judges.cache import JudgeCache, request_key
 from judges.config import FORMAT_MODES, KEY_VARS, JudgeConfig, api_key_from_env
-from judges import prompts
 from judges.prompts import Messages, PromptSpec, parse_reply
 
 log = logging.getLogger("judges")

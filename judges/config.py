@@ -10,8 +10,8 @@ logged or written into a report.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Mapping
 
 API_TYPES = ("openai", "azure")
 # Best first; see client.py. json_object_schema is json_object plus a "schema" key, the form
@@ -67,7 +67,7 @@ class JudgeConfig:
             object.__setattr__(self, "base_url", normalize_base_url(self.base_url))
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "JudgeConfig":
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> JudgeConfig:
         """Settings from the environment (lmms-eval's variable names), then `overrides` on top.
 
         Overrides whose value is None are ignored, so CLI options that were not given fall back
@@ -88,7 +88,7 @@ class JudgeConfig:
         found.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**found)  # type: ignore[arg-type]
 
-    def with_overrides(self, **overrides: object) -> "JudgeConfig":
+    def with_overrides(self, **overrides: object) -> JudgeConfig:
         """A copy with the non-None overrides applied (validated again)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 

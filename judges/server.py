@@ -78,7 +78,7 @@ class JudgeServer:
     @classmethod
     def start(cls, model_path: Path | None = None, *, host: str = "127.0.0.1", port: int | None = None,
               n_ctx: int = 2048, n_threads: int = 1, log_path: Path | None = None,
-              ready_timeout_s: float = 180.0) -> "JudgeServer":
+              ready_timeout_s: float = 180.0) -> JudgeServer:
         """Start `python -m llama_cpp.server` on a free port and wait until it answers."""
         model_path = model_path or find_gguf()
         port = port or free_port(host)
@@ -131,7 +131,7 @@ class JudgeServer:
             self._log_file.close()
             self._log_file = None
 
-    def __enter__(self) -> "JudgeServer":
+    def __enter__(self) -> JudgeServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

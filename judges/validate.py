@@ -15,8 +15,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import stats
@@ -98,7 +99,7 @@ def make_candidates(num_scenes: int, first_seed: int = 10_000) -> list[Candidate
 
 def to_scale(score: float) -> int:
     """A 0-5 score as an integer rating, rounding half up (Python's round() rounds half to even)."""
-    return int(math.floor(score + 0.5))
+    return math.floor(score + 0.5)
 
 
 def oracle_to_scale(f1: float) -> int:
@@ -190,7 +191,7 @@ def run_check(cands: list[Candidate], judge: Callable[[list[Candidate]], list[fl
     return {**summarise(cands, scores), "oracle_ceiling": summarise(cands, oracle_scores(cands)), "rows": rows}
 
 
-def llm_judge(client: "JudgeClient", mode: str) -> Callable[[list[Candidate]], list[float | None]]:
+def llm_judge(client: JudgeClient, mode: str) -> Callable[[list[Candidate]], list[float | None]]:
     """An LLM judge for `run_check`: each candidate judged against its reference in `mode`."""
     from judges.client import CaptionItem, score_captions  # here: the oracle path needs no openai
 

@@ -201,9 +201,10 @@ def test_lvspec_walks_trees_greedily():
     verdict = lvspec().verify(draft, scores(rows, hidden), VISUAL)
     assert verdict.path == [1, 4] and verdict.tokens == [2, 5, 21]  # then exact child 5 (n4), bonus
     assert verdict.kinds == [LOOSE, EXACT, TARGET] and verdict.num_cached == 2
-    # PST in a tree: the target's 6 is a grandchild (n5) of the root's child n1
+    # PST in a tree: the target's 6 sits under n1 -> n3 (two inserted tokens)
     rows[0] = sure(6)
-    shifted = lvspec(pst_window=1).verify(draft, scores(rows, [ON_VIDEO] * 6), VISUAL)
+    assert lvspec(pst_window=1).verify(draft, scores(rows, [ON_VIDEO] * 6), VISUAL).path == []
+    shifted = lvspec(pst_window=2).verify(draft, scores(rows, [ON_VIDEO] * 6), VISUAL)
     assert shifted.path == [5] and shifted.tokens == [6, 22] and shifted.num_cached == 0
 
 

@@ -88,7 +88,8 @@ class ModelArgs:
     def validate(self) -> None:
         spec = methods.resolve(self.method, self.drafter, self.verifier)  # unknown names list alternatives
         options = methods.make_options(spec, self.options)
-        options.tree_config(), options.prune_config()  # their constructors check tree_* and prune_*
+        options.tree_config()  # the constructors check tree_* and prune_* values
+        options.prune_config()
         _one_of("dtype", self.dtype, tuple(DTYPES))
         _one_of("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         _check_device(self.device)

@@ -56,26 +56,47 @@ def judged(score, error: str | None, **extra) -> dict:
 
 
 def _missing(reason: str, key: str) -> dict:
-    if not _state.get("warned"):
+    if _state.get("warned") != reason:
         logger.warning(f"lvspec tasks: judged scores are missing ({reason})")
-        _state["warned"] = True
+        _state["warned"] = reason
     return {"score": None, "acc": None, "error": reason, "key": key}
+
+
+def _ask(ask):
+    """Run `ask()` (a judge call); a setup error (key, model, URL) disables judging for the run.
+
+    Raising would end the run after all the generation was done and lose it; instead every later
+    sample is recorded as missing with the reason, and `lvspec-eval judge` can score the logged
+    samples once the judge is fixed. Returns None when the judgment is missing (see _state).
+    """
+    import openai
+    from judges.client import JudgeSetupError
+
+    try:
+        return ask()
+    except JudgeSetupError as err:
+        _state["disabled"] = f"judge setup failed: {err}"
+        logger.error(f"lvspec tasks: {_state['disabled']}; judging stops for this run")
+    except openai.OpenAIError as err:
+        _state["last_error"] = f"judge request failed: {type(err).__name__}: {err}"
+    return None
+
+
+def _blocked() -> str | None:
+    return _state.get("disabled") or unavailable_reason()
 
 
 def score_caption(mode: str, key: str, caption: str, reference: str, question: str,
                   qa: tuple[tuple[str, str], ...] = ()) -> dict:
     """judges.client.score_captions for one caption: {"score", "acc" (vdc), "error", "key"}."""
-    reason = unavailable_reason()
-    if reason:
-        return _missing(reason, key)
-    import openai
+    if _blocked():
+        return _missing(_blocked(), key)
     from judges.client import CaptionItem, score_captions
 
     item = CaptionItem(key=key, caption=caption, reference=reference, question=question, qa=qa)
-    try:
-        result = score_captions(client(), [item], mode)[0]
-    except openai.OpenAIError as err:  # a wrong key or model: this sample's score is missing
-        return _missing(f"judge request failed: {type(err).__name__}: {err}", key)
+    result = _ask(lambda: score_captions(client(), [item], mode)[0])
+    if result is None:
+        return _missing(_state.get("disabled") or _state.pop("last_error", "judge request failed"), key)
     error = "; ".join(result.get("errors") or []) or None
     return {"score": result["score"], "acc": result.get("acc"), "error": error, "key": key}
 
@@ -86,18 +107,15 @@ def score_answer(key: str, question: str, answer: str, predicted: str) -> dict:
     The judge is asked with the VDCscore marking prompt, which is the Video-ChatGPT QA judge's
     question (yes/no plus a 0-5 score for one question, its correct and its predicted answer).
     """
-    reason = unavailable_reason()
-    if reason:
-        return _missing(reason, key)
-    import openai
+    if _blocked():
+        return _missing(_blocked(), key)
     from judges import prompts
     from judges.client import JudgeRequest
 
     request = JudgeRequest(prompts.VDC_SCORE, prompts.vdc_score_messages(question, answer, predicted))
-    try:
-        judgment = client().judge(request)
-    except openai.OpenAIError as err:
-        return _missing(f"judge request failed: {type(err).__name__}: {err}", key)
+    judgment = _ask(lambda: client().judge(request))
+    if judgment is None:
+        return _missing(_state.get("disabled") or _state.pop("last_error", "judge request failed"), key)
     if judgment.value is None:
         return {"score": None, "acc": None, "error": judgment.error, "key": key}
     acc = 1.0 if judgment.value["pred"] == "yes" else 0.0

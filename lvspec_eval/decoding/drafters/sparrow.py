@@ -159,6 +159,7 @@ class SparrowDrafter:
         self.num_generated = 0
 
     # ---- protocol -----------------------------------------------------------------------------
+    @torch.no_grad()
     def start(self, target: Backend, inputs: PreparedInputs, target_state: DecodeState, clock) -> dict:
         """Feed the prompt's text tokens, each with the target's h at the previous sequence position."""
         t0 = clock()
@@ -172,6 +173,7 @@ class SparrowDrafter:
         self._feed_committed(tokens, prev)
         return {"draft_prefill_s": clock() - t0, "kept_visual_tokens": 0}
 
+    @torch.no_grad()
     def propose(self, generated: list[int]) -> Draft:
         self.num_generated = len(generated)
         try:
@@ -181,6 +183,7 @@ class SparrowDrafter:
             crop_cache(self.cache, self.cache_len)  # drop the tail's and the tree's temporary entries
             self.temp_len = 0
 
+    @torch.no_grad()
     def observe(self, verdict, scores) -> None:
         """Record the target's true h for the pending tokens and the accepted cached nodes."""
         p = scores.num_pending

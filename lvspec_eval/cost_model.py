@@ -1,0 +1,564 @@
+"""Cost model: predicted decode speedups of each drafter at real model sizes, no trained weights.
+
+Why: the demo's models are too small for the long-video effects the papers report (DESIGN.md:
+their decode cost barely depends on the number of visual tokens). What decides a drafter's speed
+at scale is how its per-step cost grows with the video, and that depends only on architecture and
+implementation, not on trained weights. So we time the real architectures (layer counts, widths,
+heads, vocabularies of Qwen2.5-VL-7B/32B and LLaVA-OneVision-0.5B/7B) with random weights,
+through this project's own backends (prefill, tree-masked forward, cache drop), and combine the
+timings with acceptance lengths tau (measured by a benchmark run, or assumed) into speedups:
+
+    decode speedup = (tau + 1) * t_target_step / (t_draft_step * depth + t_verify)
+    e2e speedup    = (P + T * t_target_step) / (P + P_draft + T / (tau + 1) * (t_draft_step * depth + t_verify))
+
+t_target_step: one vanilla decode step of the target (1 token, KV holding the whole video).
+t_verify: one target forward over the root and a draft tree (`tree_nodes` nodes, tree mask).
+t_draft_step: one draft forward over a tree level (`level_width` tokens), its KV holding
+  full: all visual tokens (a Std-SD draft model on the whole video, as SD-Tree),
+  pruned: 1 - prune_ratio of them (SpecVLM's pruned draft, ratio 0.9 by default),
+  sparrow: none (Sparrow's head: modelled as a one-layer decoder at the target's width and
+  vocabulary over the prompt's text only; its visual information arrives in hidden states).
+P, P_draft: target and draft prefill; T: generated tokens (`new_tokens`).
+Visual features are random (the vision encoder is not timed: its cost is the same with or
+without speculation). On a GPU, clocks are read after a synchronise (decoding/loop.make_clock).
+
+Sizes: on a GPU the real sizes in bf16; on a CPU, `scale` (a width factor: attention heads,
+hidden and MLP widths shrink together, head_dim kept), `max_layers` and `vocab_size` shrink the
+models until they fit; the shape of the curves, not their values, is what transfers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import types
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from .backends.base import Backend, PreparedInputs
+from .backends.llava_onevision import LlavaOnevisionBackend
+from .backends.qwen2_5_vl import QwenVLBackend
+from .decoding import tree
+from .decoding.loop import make_clock
+from .decoding.pruning import PruneConfig, select_visual_tokens
+
+# Text decoders of the real checkpoints (their config.json text_config values).
+ARCHITECTURES = {
+    "qwen2.5-vl-7b": dict(family="qwen2_5_vl", hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128,
+                          intermediate=18944, vocab=152064, tie=False),
+    "qwen2.5-vl-32b": dict(family="qwen2_5_vl", hidden=5120, layers=64, heads=40, kv_heads=8, head_dim=128,
+                           intermediate=27648, vocab=152064, tie=False),
+    "llava-ov-0.5b": dict(family="llava_onevision", hidden=896, layers=24, heads=14, kv_heads=2, head_dim=64,
+                          intermediate=4864, vocab=151936, tie=True),
+    "llava-ov-7b": dict(family="llava_onevision", hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128,
+                        intermediate=18944, vocab=152128, tie=False),
+}
+# target / draft pairs of the papers that fit one GPU (72B targets need several)
+PAIRS = {
+    "qwen2.5-vl-32b/7b": ("qwen2.5-vl-32b", "qwen2.5-vl-7b"),  # SpecVLM, LVSpec
+    "llava-ov-7b/0.5b": ("llava-ov-7b", "llava-ov-0.5b"),  # Sparrow's target with a Std-SD draft
+}
+DRAFTERS = ("full", "pruned", "sparrow")
+# Assumed when no measurement is given: Sparrow's published tau (3.8); the two model drafts a
+# little lower, the pruned one below the full one (SpecVLM reports small losses from pruning).
+DEFAULT_TAU = {"full": 3.0, "pruned": 2.8, "sparrow": 3.8}
+SUMMARY_METHOD_OF = {"sd_tree": "full", "specvlm": "pruned", "sparrow": "sparrow"}
+GPU_VISUAL_TOKENS = (256, 1024, 4096, 8192, 16384, 25000)
+CPU_VISUAL_TOKENS = (256, 1024, 4096)
+TOKENS_PER_FRAME_SIDE = 16  # Qwen: 16 x 16 merged tokens per temporal patch (448 px frames)
+
+
+@dataclass(frozen=True)
+class Scale:
+    width: float = 1.0  # multiplies attention heads (and with them hidden and MLP widths)
+    max_layers: int | None = None
+    vocab_size: int | None = None
+    head_dim: int | None = None
+
+    def __post_init__(self):
+        if not 0 < self.width <= 1:
+            raise ValueError(f"scale width={self.width}; expected 0 < width <= 1")
+        for name in ("max_layers", "vocab_size", "head_dim"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value}; expected a positive integer")
+
+
+@dataclass
+class CostConfig:
+    pairs: tuple[str, ...] = tuple(PAIRS)
+    drafters: tuple[str, ...] = DRAFTERS
+    visual_tokens: tuple[int, ...] = GPU_VISUAL_TOKENS
+    scale: Scale = field(default_factory=Scale)
+    taus: dict = field(default_factory=lambda: dict(DEFAULT_TAU))
+    tau_source: str = "assumed"
+    depth: int = 5  # draft forwards per step (tree levels)
+    level_width: int = 8  # tokens per draft forward (the widest level of SpecVLM's 26-node tree)
+    tree_nodes: int = 25  # draft nodes verified per step (26 with the root)
+    prune_ratio: float = 0.9
+    new_tokens: int = 256  # generated tokens, for the end-to-end figure
+    prompt_tokens: int = 64  # text tokens around the video
+    repeats: int = 5
+    device: str = "cpu"
+    dtype: str = "float32"
+    attn_implementation: str = "sdpa"
+    seed: int = 0
+
+    def __post_init__(self):
+        for name, allowed in (("pairs", PAIRS), ("drafters", DRAFTERS)):
+            bad = [v for v in getattr(self, name) if v not in allowed]
+            if bad:
+                raise ValueError(f"{name} {bad}; allowed: {', '.join(allowed)}")
+        if not 0 <= self.prune_ratio < 1:
+            raise ValueError(f"prune_ratio={self.prune_ratio}; expected 0 <= ratio < 1")
+        for name in ("depth", "level_width", "tree_nodes", "new_tokens", "prompt_tokens", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}; expected a positive integer")
+        if any(n < 1 for n in self.visual_tokens):
+            raise ValueError(f"visual_tokens {self.visual_tokens}; expected positive counts")
+
+
+# ---- architectures at a scale --------------------------------------------------------------------
+
+def shrink(arch: dict, scale: Scale, layers: int | None = None) -> dict:
+    """The architecture at `scale`: heads (a multiple of the KV heads) and widths shrink together."""
+    head_dim = scale.head_dim or arch["head_dim"]
+    kv = max(1, round(arch["kv_heads"] * scale.width))
+    heads = max(kv, round(arch["heads"] * scale.width / kv) * kv)
+    hidden = heads * head_dim
+    depth = layers or arch["layers"]
+    if scale.max_layers:
+        depth = min(depth, scale.max_layers)
+    inter = max(8, round(arch["intermediate"] * hidden / arch["hidden"]))
+    return {**arch, "hidden": hidden, "heads": heads, "kv_heads": kv, "head_dim": head_dim, "layers": depth,
+            "intermediate": inter, "vocab": scale.vocab_size or arch["vocab"]}
+
+
+def text_config(arch: dict) -> dict:
+    """transformers text_config keys; Qwen's M-RoPE splits head_dim / 2 as 16/24/24 of 64 does."""
+    hd = arch["head_dim"]
+    rope = {"rope_type": "default", "rope_theta": 1_000_000.0}
+    if arch["family"] == "qwen2_5_vl":
+        rope["mrope_section"] = [hd // 8, 3 * hd // 16, 3 * hd // 16]
+    eos = arch["vocab"] - 5
+    return dict(model_type="qwen2", vocab_size=arch["vocab"], hidden_size=arch["hidden"],
+                num_hidden_layers=arch["layers"], num_attention_heads=arch["heads"],
+                num_key_value_heads=arch["kv_heads"], head_dim=hd, intermediate_size=arch["intermediate"],
+                max_position_embeddings=131072, rope_parameters=rope, tie_word_embeddings=arch["tie"],
+                bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+
+
+def special_ids(vocab: int) -> dict:
+    """Token ids of the visual markers, placed at the top of the (possibly shrunk) vocabulary."""
+    return {"video": vocab - 1, "image": vocab - 2, "vision_start": vocab - 3, "vision_end": vocab - 4}
+
+
+def model_config(arch: dict):
+    """A full VLM config with a one-layer stand-in vision tower (never run: features are random)."""
+    from transformers import LlavaOnevisionConfig, Qwen2_5_VLConfig
+
+    text, ids = text_config(arch), special_ids(arch["vocab"])
+    if arch["family"] == "qwen2_5_vl":
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=arch["hidden"],
+                      patch_size=14, temporal_patch_size=2, spatial_merge_size=2, window_size=112,
+                      fullatt_block_indexes=[0], tokens_per_second=2)
+        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, video_token_id=ids["video"],
+                                image_token_id=ids["image"], vision_start_token_id=ids["vision_start"],
+                                vision_end_token_id=ids["vision_end"], tie_word_embeddings=arch["tie"])
+    vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)
+    return LlavaOnevisionConfig(text_config=text, vision_config=vision, video_token_id=ids["video"],
+                                image_token_id=ids["image"], tie_word_embeddings=arch["tie"])
+
+
+# ---- synthetic prompts through the project's backends --------------------------------------------
+
+class _Synthetic:
+    """Backend mixin: prompts of random text around n visual tokens, random visual features.
+
+    Everything after the inputs (prefill, tree-masked forward, cache drop) is the backend's own.
+    """
+
+    def synthetic_inputs(self, num_visual: int, prompt_tokens: int, seed: int) -> PreparedInputs:
+        ids = special_ids(self.model.config.get_text_config().vocab_size)
+        g = torch.Generator().manual_seed(seed)
+        text = torch.randint(0, ids["vision_end"] - 1, (prompt_tokens,), generator=g).tolist()
+        half = prompt_tokens // 2
+        video = [ids["vision_start"]] + [ids["video"]] * num_visual + [ids["vision_end"]] if num_visual else []
+        input_ids = torch.tensor([text[:half] + video + text[half:]], device=self.device)
+        inputs = PreparedInputs(input_ids=input_ids, visual_mask=(input_ids[0] == ids["video"]).cpu(),
+                                model_kwargs={})
+        self.attach_positions(inputs, num_visual)
+        return inputs
+
+    def attach_positions(self, inputs: PreparedInputs, num_visual: int) -> None:
+        """Family-specific position inputs (none for LLaVA-OneVision: 1-D positions)."""
+
+    def visual_features(self, inputs: PreparedInputs) -> torch.Tensor:
+        hidden = self.model.config.get_text_config().hidden_size
+        g = torch.Generator().manual_seed(1)
+        feats = torch.randn(inputs.num_visual_tokens, hidden, generator=g) * 0.02
+        return feats.to(self.device, self.model.dtype)
+
+
+class SyntheticQwen(_Synthetic, QwenVLBackend):
+    def attach_positions(self, inputs: PreparedInputs, num_visual: int) -> None:
+        """A (t, 2s, 2s) patch grid with t * s * s == num_visual merged tokens, then M-RoPE."""
+        if num_visual:
+            side, frames = grid_for(num_visual)
+            inputs.model_kwargs = {"video_grid_thw": torch.tensor([[frames, 2 * side, 2 * side]], device=self.device),
+                                   "second_per_grid_ts": torch.tensor([1.0], device=self.device)}
+        inputs.positions, inputs.extra["rope_delta"] = self._rope(inputs)
+
+
+class SyntheticLlava(_Synthetic, LlavaOnevisionBackend):
+    pass
+
+
+def grid_for(num_visual: int) -> tuple[int, int]:
+    """(tokens per side s, temporal patches t) of a Qwen video grid with t * s * s == num_visual.
+
+    s is the largest side up to TOKENS_PER_FRAME_SIDE whose square divides num_visual, so the
+    count is exact (25,000 gives s = 10, t = 250); a prime count gets s = 1.
+    """
+    for side in range(min(TOKENS_PER_FRAME_SIDE, math.isqrt(num_visual)), 0, -1):
+        if num_visual % (side * side) == 0:
+            return side, num_visual // (side * side)
+    return 1, num_visual
+
+
+def build_backend(arch: dict, cfg: CostConfig) -> Backend:
+    """A random-weight model of `arch` on cfg.device in cfg.dtype, wrapped in its backend."""
+    from transformers import LlavaOnevisionForConditionalGeneration, Qwen2_5_VLForConditionalGeneration
+
+    cls = {"qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
+           "llava_onevision": LlavaOnevisionForConditionalGeneration}[arch["family"]]
+    torch.manual_seed(cfg.seed)
+    with torch.device(cfg.device):
+        model = cls._from_config(model_config(arch), dtype=getattr(torch, cfg.dtype),
+                                 attn_implementation=cfg.attn_implementation).eval()
+    eos = text_config(arch)["eos_token_id"]
+    model.generation_config.eos_token_id = eos
+    tokenizer = types.SimpleNamespace(eos_token_id=eos)  # consulted for EOS only; nothing is decoded
+    backend_cls = SyntheticQwen if arch["family"] == "qwen2_5_vl" else SyntheticLlava
+    return backend_cls(model, tokenizer, cfg.device)
+
+
+# ---- timing ---------------------------------------------------------------------------------------
+
+def median_seconds(fn, repeats: int, clock, warmup: int = 1) -> float:
+    """Median wall time of fn() over `repeats` calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = clock()
+        fn()
+        times.append(clock() - t0)
+    return statistics.median(times)
+
+
+def timed_prefill(backend: Backend, inputs: PreparedInputs, clock, keep: torch.Tensor | None = None):
+    """(seconds, state) of one prefill (a warm-up prefill runs first on a short prompt elsewhere)."""
+    t0 = clock()
+    state, _ = backend.prefill(inputs, keep_visual=keep)
+    return clock() - t0, state
+
+
+def forward_seconds(backend: Backend, state, offsets: torch.Tensor, visible: torch.Tensor, cfg: CostConfig,
+                    clock) -> float:
+    """Median time of one tree-masked forward of len(offsets) tokens; the cache is left as it was."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    tokens = torch.randint(0, special_ids(backend.model.config.get_text_config().vocab_size)["vision_end"] - 1,
+                           (offsets.numel(),), generator=g)
+
+    def step():
+        backend.forward(state, tokens, offsets, visible)
+        backend.keep(state, [])  # drop the temporary entries: every repeat sees the same cache
+
+    return median_seconds(step, cfg.repeats, clock)
+
+
+def verify_layout(num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Offsets and visibility of the root plus a tree of num_nodes (SpecVLM's shape, cut or grown)."""
+    paths = sorted(tree.SPECVLM_26, key=lambda p: (len(p), p))[:num_nodes]
+    while len(paths) < num_nodes:  # deeper along rank 0 when more nodes are asked for
+        paths.append(paths[-1] + (0,))
+    index = {p: i for i, p in enumerate(paths)}
+    parents = torch.tensor([index.get(p[:-1], -1) for p in paths], dtype=torch.long)
+    return tree.pending_and_tree_layout(1, parents)
+
+
+def level_layout(width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draft tree level: `width` sibling nodes, each seeing the committed cache and itself."""
+    return torch.zeros(width, dtype=torch.long), torch.eye(width, dtype=torch.bool)
+
+
+# ---- measurements ---------------------------------------------------------------------------------
+
+def measure_target(backend: Backend, num_visual: int, cfg: CostConfig, clock) -> dict:
+    """Prefill, one vanilla step and one tree verification with num_visual tokens in the KV."""
+    inputs = backend.synthetic_inputs(num_visual, cfg.prompt_tokens, cfg.seed)
+    prefill_s, state = timed_prefill(backend, inputs, clock)
+    step_s = forward_seconds(backend, state, *level_layout(1), cfg, clock)
+    verify_s = forward_seconds(backend, state, *verify_layout(cfg.tree_nodes), cfg, clock)
+    return {"visual_tokens": inputs.num_visual_tokens, "prefill_s": prefill_s, "step_s": step_s,
+            "verify_s": verify_s}
+
+
+def kept_indices(num_visual: int, prune_ratio: float, seed: int = 0) -> torch.Tensor:
+    """The visual tokens SpecVLM's pruning keeps (decoding/pruning.py) for random attention scores:
+    how many is what costs; which ones does not."""
+    scores = torch.rand(num_visual, generator=torch.Generator().manual_seed(seed))
+    return select_visual_tokens(scores, PruneConfig(ratio=prune_ratio))
+
+
+def measure_drafter(backend: Backend, drafter: str, num_visual: int, cfg: CostConfig, clock) -> dict:
+    """Draft prefill and one draft step (a tree level) with the drafter's share of the visual KV."""
+    n = 0 if drafter == "sparrow" else num_visual  # Sparrow's head sees the prompt's text only
+    inputs = backend.synthetic_inputs(n, cfg.prompt_tokens, cfg.seed)
+    keep = kept_indices(n, cfg.prune_ratio, cfg.seed) if drafter == "pruned" and n else None
+    prefill_s, state = timed_prefill(backend, inputs, clock, keep)
+    step_s = forward_seconds(backend, state, *level_layout(cfg.level_width), cfg, clock)
+    kept = 0 if not n else (n if keep is None else int(keep.numel()))
+    return {"prefill_s": prefill_s, "step_s": step_s, "kept_visual_tokens": kept}
+
+
+def predict(target: dict, draft: dict, tau: float, cfg: CostConfig) -> dict:
+    """Speedups from the timings (formulas in the module docstring)."""
+    step = draft["step_s"] * cfg.depth + target["verify_s"]
+    vanilla_e2e = target["prefill_s"] + cfg.new_tokens * target["step_s"]
+    method_e2e = target["prefill_s"] + draft["prefill_s"] + cfg.new_tokens / (tau + 1) * step
+    return {"decode_speedup": (tau + 1) * target["step_s"] / step, "e2e_speedup": vanilla_e2e / method_e2e,
+            "draft_share": draft["step_s"] * cfg.depth / step}
+
+
+def _release(backend: Backend | None) -> None:
+    """Free a model before the next one is built (the GPU holds one model at a time)."""
+    if backend is not None:
+        del backend.model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _warm_up(backend: Backend, cfg: CostConfig) -> None:
+    """One short prefill, so kernel selection and allocation are not timed."""
+    backend.prefill(backend.synthetic_inputs(min(cfg.visual_tokens), cfg.prompt_tokens, cfg.seed))
+
+
+def measure_model(arch: dict, jobs: list[tuple[str, int]], cfg: CostConfig, clock, log) -> dict:
+    """Build one model and run `jobs` (role, visual tokens) on it; role "target" or a drafter."""
+    backend = build_backend(arch, cfg)
+    try:
+        _warm_up(backend, cfg)
+        out = {}
+        for role, n in jobs:
+            log(f"  {role:8s} {n:>6d} visual tokens")
+            out[role, n] = (measure_target(backend, n, cfg, clock) if role == "target"
+                            else measure_drafter(backend, role, n, cfg, clock))
+        return out
+    finally:
+        _release(backend)
+
+
+def measure_pair(pair: str, cfg: CostConfig, clock, log) -> list[dict]:
+    """Rows (one per drafter and visual-token count) for one target/draft pair."""
+    target_name, draft_name = PAIRS[pair]
+    log(f"{pair}: target {target_name}, draft {draft_name}, scale {cfg.scale}")
+    ns = list(cfg.visual_tokens)
+    costs = measure_model(shrink(ARCHITECTURES[target_name], cfg.scale), [("target", n) for n in ns], cfg, clock, log)
+    model_drafters = [d for d in cfg.drafters if d != "sparrow"]
+    if model_drafters:
+        jobs = [(d, n) for n in ns for d in model_drafters]
+        costs.update(measure_model(shrink(ARCHITECTURES[draft_name], cfg.scale), jobs, cfg, clock, log))
+    if "sparrow" in cfg.drafters:  # its KV holds no visual token: one measurement serves every n
+        head = shrink(ARCHITECTURES[target_name], cfg.scale, layers=1)
+        sparrow = measure_model(head, [("sparrow", ns[0])], cfg, clock, log)[("sparrow", ns[0])]
+        costs.update({("sparrow", n): sparrow for n in ns})
+    return [_row(pair, d, n, costs, cfg) for d in cfg.drafters for n in ns]
+
+
+def _row(pair: str, drafter: str, n: int, costs: dict, cfg: CostConfig) -> dict:
+    target, draft, tau = costs["target", n], costs[drafter, n], cfg.taus[drafter]
+    return {"pair": pair, "drafter": drafter, "visual_tokens": target["visual_tokens"],
+            "draft_visual_tokens": draft["kept_visual_tokens"], "tau": tau,
+            "target_prefill_s": target["prefill_s"], "draft_prefill_s": draft["prefill_s"],
+            "target_step_ms": 1e3 * target["step_s"], "verify_ms": 1e3 * target["verify_s"],
+            "draft_step_ms": 1e3 * draft["step_s"], **predict(target, draft, tau, cfg)}
+
+
+def run_cost_model(cfg: CostConfig, log=print) -> dict:
+    """All pairs' rows plus what produced them (JSON-ready)."""
+    clock = make_clock(torch.device(cfg.device))
+    rows = [row for pair in cfg.pairs for row in measure_pair(pair, cfg, clock, log)]
+    settings = asdict(cfg)
+    return {"version": 1, "device": describe_device(cfg.device), "settings": settings, "rows": rows,
+            "formula": "decode_speedup = (tau + 1) * target_step / (draft_step * depth + verify)"}
+
+
+def describe_device(device: str) -> str:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+# ---- outputs --------------------------------------------------------------------------------------
+
+TABLE_COLUMNS = (("pair", "pair", "{}"), ("drafter", "drafter", "{}"), ("visual_tokens", "visual tokens", "{:d}"),
+                 ("draft_visual_tokens", "in draft KV", "{:d}"), ("tau", "tau", "{:.2f}"),
+                 ("target_step_ms", "target step ms", "{:.2f}"), ("verify_ms", "verify ms", "{:.2f}"),
+                 ("draft_step_ms", "draft step ms", "{:.2f}"), ("decode_speedup", "decode speedup", "{:.2f}x"),
+                 ("e2e_speedup", "e2e speedup", "{:.2f}x"))
+
+
+def markdown_table(result: dict) -> str:
+    header = "| " + " | ".join(title for _, title, _ in TABLE_COLUMNS) + " |"
+    rule = "|" + "---|" * len(TABLE_COLUMNS)
+    lines = [header, rule]
+    for row in result["rows"]:
+        lines.append("| " + " | ".join(fmt.format(row[key]) for key, _, fmt in TABLE_COLUMNS) + " |")
+    s = result["settings"]
+    note = (f"\n{result['device']}, {s['dtype']}, scale {s['scale']}, tau {s['tau_source']}; depth {s['depth']}, "
+            f"level width {s['level_width']}, {s['tree_nodes']} verified nodes, prune ratio {s['prune_ratio']}, "
+            f"e2e over {s['new_tokens']} new tokens. {result['formula']}.\n")
+    return "\n".join(lines) + "\n" + note
+
+
+def plot(result: dict, path: Path) -> None:
+    """Decode speedup (solid) and e2e speedup (dashed) against visual tokens, one panel per pair."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = list(dict.fromkeys(r["pair"] for r in result["rows"]))
+    fig, axes = plt.subplots(1, len(pairs), figsize=(5.5 * len(pairs), 4), squeeze=False)
+    for ax, pair in zip(axes[0], pairs):
+        for drafter in dict.fromkeys(r["drafter"] for r in result["rows"]):
+            rows = [r for r in result["rows"] if r["pair"] == pair and r["drafter"] == drafter]
+            xs = [r["visual_tokens"] for r in rows]
+            line = ax.plot(xs, [r["decode_speedup"] for r in rows], marker="o", label=f"{drafter} (decode)")[0]
+            ax.plot(xs, [r["e2e_speedup"] for r in rows], ls="--", color=line.get_color(), label=f"{drafter} (e2e)")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(xscale="log", xlabel="visual tokens", ylabel="predicted speedup", title=pair)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"cost model on {result['device']} ({result['settings']['dtype']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(result: dict, out_dir: Path, plots: bool = True) -> dict[str, Path]:
+    """cost_model.json, cost_model.md and (with plots) cost_model.png under out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "cost_model.json", "md": out_dir / "cost_model.md"}
+    paths["json"].write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    paths["md"].write_text(markdown_table(result), encoding="utf-8")
+    if plots:
+        paths["png"] = out_dir / "cost_model.png"
+        plot(result, paths["png"])
+    return paths
+
+
+# ---- command line ---------------------------------------------------------------------------------
+
+def _csv(kind):
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}") from None
+    return parse
+
+
+def parse_taus(text: str) -> dict:
+    """"full=3.1,sparrow=3.8" -> {"full": 3.1, "sparrow": 3.8} (unnamed drafters keep the default)."""
+    taus = dict(DEFAULT_TAU)
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in DRAFTERS:
+            raise ValueError(f"--tau {item!r}: drafter {name!r}; allowed: {', '.join(DRAFTERS)}")
+        taus[name] = float(value)
+    return taus
+
+
+def taus_from_summary(path: Path) -> dict:
+    """Measured tau per drafter from a report's summary.json (sd_tree, specvlm, sparrow rows;
+    the mean over tasks). Drafters without a row keep the assumed value."""
+    rows = json.loads(Path(path).read_text(encoding="utf-8"))["rows"]
+    taus = dict(DEFAULT_TAU)
+    for method, drafter in SUMMARY_METHOD_OF.items():
+        values = [r["tau"] for r in rows if r.get("method") == method and isinstance(r.get("tau"), (int, float))]
+        if values:
+            taus[drafter] = sum(values) / len(values)
+    return taus
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The cost model's options (none clashes with `bench`'s own; device/dtype/out carry a cost- prefix)."""
+    g = parser.add_argument_group("cost model (bench --cost-model)")
+    g.add_argument("--pairs", type=_csv(str), default=tuple(PAIRS), help=f"target/draft pairs: {', '.join(PAIRS)}")
+    g.add_argument("--drafters", type=_csv(str), default=DRAFTERS, help=f"drafters: {', '.join(DRAFTERS)}")
+    g.add_argument("--visual-tokens", type=_csv(int), default=None,
+                   help=f"counts to time (default GPU {GPU_VISUAL_TOKENS}, CPU {CPU_VISUAL_TOKENS})")
+    g.add_argument("--scale", type=float, default=None, help="width factor (default 1 on GPU, 1/8 on CPU)")
+    g.add_argument("--max-layers", type=int, default=None, help="cap on layers (default none on GPU, 2 on CPU)")
+    g.add_argument("--vocab-size", type=int, default=None, help="shrink the vocabulary (default: the real one)")
+    g.add_argument("--head-dim", type=int, default=None, help="override head_dim (default: the real one)")
+    g.add_argument("--tau", default="", help="acceptance lengths, e.g. full=3.1,pruned=2.9,sparrow=3.8")
+    g.add_argument("--tau-from", type=Path, default=None, help="take tau from a report's summary.json")
+    g.add_argument("--tree-depth", type=int, default=5, help="draft forwards per step")
+    g.add_argument("--level-width", type=int, default=8, help="tokens per draft forward")
+    g.add_argument("--tree-nodes", type=int, default=25, help="draft nodes verified per step")
+    g.add_argument("--prune-ratio", type=float, default=0.9, help="share of visual tokens the pruned draft drops")
+    g.add_argument("--new-tokens", type=int, default=256, help="generated tokens for the e2e speedup")
+    g.add_argument("--prompt-tokens", type=int, default=64, help="text tokens around the video")
+    g.add_argument("--timing-repeats", type=int, default=5, help="timed repeats per forward (median)")
+    g.add_argument("--cost-device", default=None, help="default: cuda if available, else cpu")
+    g.add_argument("--cost-dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="default: bfloat16 on GPU, float32 on CPU")
+    g.add_argument("--cost-attn", default="sdpa", choices=("sdpa", "eager", "flash_attention_2"))
+    g.add_argument("--cost-out", type=Path, default=Path("results/cost_model"), help="output folder")
+    g.add_argument("--no-cost-plot", action="store_true", help="skip the PNG")
+
+
+def config_from_args(args: argparse.Namespace) -> CostConfig:
+    device = args.cost_device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cpu = torch.device(device).type == "cpu"
+    scale = Scale(width=args.scale if args.scale is not None else (0.125 if cpu else 1.0),
+                  max_layers=args.max_layers if args.max_layers is not None else (2 if cpu else None),
+                  vocab_size=args.vocab_size, head_dim=args.head_dim)
+    taus, source = parse_taus(args.tau), ("given" if args.tau else "assumed")
+    if args.tau_from:
+        taus, source = {**taus_from_summary(args.tau_from), **(parse_taus(args.tau) if args.tau else {})}, \
+            f"measured ({args.tau_from})"
+    return CostConfig(pairs=tuple(args.pairs), drafters=tuple(args.drafters),
+                      visual_tokens=tuple(args.visual_tokens or (CPU_VISUAL_TOKENS if cpu else GPU_VISUAL_TOKENS)),
+                      scale=scale, taus=taus, tau_source=source, depth=args.tree_depth,
+                      level_width=args.level_width, tree_nodes=args.tree_nodes, prune_ratio=args.prune_ratio,
+                      new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, repeats=args.timing_repeats,
+                      device=device, dtype=args.cost_dtype or ("float32" if cpu else "bfloat16"),
+                      attn_implementation=args.cost_attn)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point for `lvspec-eval bench --cost-model` (and `python -m lvspec_eval.cost_model`)."""
+    cfg = config_from_args(args)
+    result = run_cost_model(cfg)
+    paths = write_outputs(result, args.cost_out, plots=not args.no_cost_plot)
+    print(markdown_table(result))
+    print("written: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lvspec_eval.cost_model", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

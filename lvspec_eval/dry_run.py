@@ -1,0 +1,205 @@
+"""`lvspec-eval dry-run`: check a run's settings before it spends hours of GPU time.
+
+    lvspec-eval dry-run --model_args "pretrained=...,draft=...,method=specvlm" --tasks lvspec_videomme,vdc
+
+Checks, in order, and prints one line each (OK / WARN / FAIL):
+1. model_args: parsed and validated exactly as the lvspec model will (models/args.py). A CUDA
+   device asked for on a machine without one is a warning (dry runs often happen on a login node).
+2. draft pairing, from files alone (config.json, tokenizer files, preprocessor configs; no weights
+   are loaded): same model family, same tokenizer vocabulary, same video token id, and the same
+   visual-token layout as the backends compute it (so SpecVLM's pruned indices and LVSpec's visual
+   states line up).
+3. data, per task of this project's (tasks/_common/benchmarks.py): the data root exists (its
+   LVSPEC_<NAME>_ROOT, else lmms-eval's $HF_HOME layout), the annotations load, and the first
+   --videos video files exist. Judged tasks warn when no judge is configured.
+Exit code 1 if anything failed, else 0.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+STATUSES = ("OK", "WARN", "FAIL")
+JUDGED_BENCHMARKS = ("vdc", "vdd", "moviechat")
+
+
+@dataclass(frozen=True)
+class Check:
+    status: str  # OK, WARN or FAIL
+    what: str
+    detail: str
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("dry-run", help="check model_args, draft pairing and data roots without running")
+    p.add_argument("--model_args", required=True, help='as for lmms-eval, e.g. "pretrained=X,draft=Y,method=specvlm"')
+    p.add_argument("--tasks", required=True, help="comma-separated task or group names")
+    p.add_argument("--include_path", default="tasks", help="the task folder given to lmms-eval (default: tasks)")
+    p.add_argument("--videos", type=int, default=3, help="video files checked per benchmark (default 3)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    checks, parsed = check_model_args(args.model_args)
+    if parsed is not None:
+        checks += check_pairing(parsed)
+    checks += check_tasks([t.strip() for t in args.tasks.split(",") if t.strip()], Path(args.include_path),
+                          args.videos)
+    print(format_report(checks))
+    return 1 if any(c.status == "FAIL" for c in checks) else 0
+
+
+def format_report(checks: list[Check]) -> str:
+    lines = [f"{c.status:4s}  {c.what}: {c.detail}" for c in checks]
+    counts = {s: sum(c.status == s for c in checks) for s in STATUSES}
+    verdict = "dry run FAILED" if counts["FAIL"] else "dry run passed"
+    return "\n".join(lines + [f"{verdict}: {counts['OK']} ok, {counts['WARN']} warnings, {counts['FAIL']} failures"])
+
+
+# ---- 1. model_args -----------------------------------------------------------------------------
+
+def check_model_args(text: str):
+    """(checks, ModelArgs or None). lmms-eval's own parser types the values, as in a real run."""
+    import torch
+    from lmms_eval.utils import simple_parse_args_string
+
+    from .models.args import ModelArgs
+
+    try:
+        raw = simple_parse_args_string(text)
+    except ValueError as err:
+        return [Check("FAIL", "model_args", f"cannot be parsed ({err}); expected key=value,key=value")], None
+    checks = []
+    if str(raw.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+        checks.append(Check("WARN", "model_args", f"device={raw['device']} but no CUDA here; checked as device=cpu"))
+        raw = {**raw, "device": "cpu"}
+    try:
+        parsed = ModelArgs.parse(raw)
+    except ValueError as err:
+        return checks + [Check("FAIL", "model_args", str(err))], None
+    summary = f"method={parsed.method} pretrained={parsed.pretrained} draft={parsed.draft} dtype={parsed.dtype}"
+    return checks + [Check("OK", "model_args", summary)], parsed
+
+
+# ---- 2. draft pairing ----------------------------------------------------------------------------
+
+def uses_draft_model(parsed) -> bool:
+    """Whether the run loads a separate draft checkpoint (as runner.Runner decides)."""
+    from .decoding import methods
+
+    spec = methods.resolve(parsed.method, parsed.drafter, parsed.verifier)
+    return spec.drafter in ("model", "pruned") and parsed.draft not in (None, "self")
+
+
+def check_pairing(parsed) -> list[Check]:
+    if not uses_draft_model(parsed):
+        return [Check("OK", "pairing", f"method {parsed.method} loads no separate draft model")]
+    try:
+        target, draft = (checkpoint_facts(name, parsed) for name in (parsed.pretrained, parsed.draft))
+    except (OSError, ValueError) as err:
+        return [Check("WARN", "pairing", f"not checked: {err}")]
+    problems = [f"{key}: target {target[key]!r}, draft {draft[key]!r}"
+                for key in ("model_type", "video_token_id", "layout") if target[key] != draft[key]]
+    if target["vocab"] != draft["vocab"]:
+        problems.append(f"tokenizers differ ({len(target['vocab'])} vs {len(draft['vocab'])} entries)")
+    if problems:
+        return [Check("FAIL", "pairing", "; ".join(problems))]
+    return [Check("OK", "pairing", f"{parsed.draft} shares tokenizer and layout {target['layout']}")]
+
+
+def checkpoint_facts(name: str, parsed) -> dict:
+    """What pairing compares, from config and tokenizer files (local, or already in the hub cache)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .backends.loading import resolve_path
+
+    path = resolve_path(name)
+    local = {} if Path(path).is_dir() else {"local_files_only": True}  # a hub id: the cache only, no download
+    config = AutoConfig.from_pretrained(path, **local)
+    tokenizer = AutoTokenizer.from_pretrained(path, **local)
+    return {"model_type": config.model_type, "video_token_id": getattr(config, "video_token_id", None),
+            "layout": config_layout(config, path, parsed), "vocab": tokenizer.get_vocab()}
+
+
+def config_layout(config, path: str, parsed) -> tuple:
+    """The backend's layout() computed from the config (tests check both agree)."""
+    from .backends.loading import _preprocess_overrides
+    from .backends.qwen_vision import VisionPreprocessConfig
+    from .backends.siglip_vision import SiglipPreprocessConfig
+
+    vc = config.vision_config
+    overrides = _preprocess_overrides(path, min_pixels=parsed.min_pixels, max_pixels=parsed.max_pixels)
+    if config.model_type == "qwen2_5_vl":
+        p = VisionPreprocessConfig(patch_size=vc.patch_size, temporal_patch_size=vc.temporal_patch_size,
+                                   merge_size=vc.spatial_merge_size, **overrides)
+        return ("qwen2_5_vl", p.patch_size, p.temporal_patch_size, p.merge_size, p.min_pixels, p.max_pixels)
+    if config.model_type == "llava_onevision":
+        p = SiglipPreprocessConfig(image_size=vc.image_size, patch_size=vc.patch_size)
+        return ("llava_onevision", p.image_size, p.patch_size, p.tokens_per_frame,
+                config.vision_feature_select_strategy)
+    raise ValueError(f"{path}: model_type {config.model_type!r} is not supported; expected qwen2_5_vl or "
+                     "llava_onevision")
+
+
+# ---- 3. data roots ------------------------------------------------------------------------------
+
+def load_task_registry(include_path: Path):
+    """tasks/_common/benchmarks.py of the include path (lmms-eval reads the tasks from there too)."""
+    if not (include_path / "_common" / "benchmarks.py").is_file():
+        raise ValueError(f"--include_path {str(include_path)!r} has no _common/benchmarks.py; give the "
+                         "project's tasks folder")
+    if str(include_path.resolve()) not in sys.path:
+        sys.path.insert(0, str(include_path.resolve()))
+    return importlib.import_module("_common.benchmarks")
+
+
+def check_tasks(names: list[str], include_path: Path, num_videos: int) -> list[Check]:
+    try:
+        registry = load_task_registry(include_path)
+    except ValueError as err:
+        return [Check("FAIL", "tasks", str(err))]
+    checks, benches = [], {}
+    for name in names:
+        for task in registry.GROUPS.get(name, (name,)):
+            if task in registry.TASKS:
+                benches.setdefault(registry.TASKS[task], []).append(task)
+            else:
+                checks.append(Check("WARN", f"task {task}", "not one of this project's benchmark tasks "
+                                    "(a demo, built-in or unknown task): its data is not checked here"))
+    for bench_name, tasks in benches.items():
+        checks += check_benchmark(registry, registry.get(bench_name), ",".join(tasks), num_videos)
+    return checks
+
+
+def check_benchmark(registry, bench, tasks: str, num_videos: int) -> list[Check]:
+    what = f"data {bench.name} ({tasks})"
+    root, from_env = registry.data_root(bench)
+    source = f"{bench.env_var}={root}" if from_env else f"$HF_HOME layout {root} ({bench.env_var} unset)"
+    if not root.is_dir():
+        return [Check("FAIL", what, f"{source}: no such folder")]
+    try:
+        rows = registry.load_rows(bench)
+    except (ValueError, OSError, ConnectionError, ImportError) as err:
+        return [Check("FAIL", what, f"{source}: annotations do not load: {type(err).__name__}: {err}")]
+    checks = [Check("OK", what, f"{source}: {len(rows)} annotated samples")]
+    missing = [registry.video_path(bench, row) for row in rows[:num_videos]]
+    missing = [p for p in missing if not os.path.isfile(p)]
+    if missing:
+        checks.append(Check("FAIL", what, f"{len(missing)} of the first {min(num_videos, len(rows))} videos "
+                                          f"missing: {', '.join(missing)}"))
+    else:
+        checks.append(Check("OK", what, f"the first {min(num_videos, len(rows))} videos exist"))
+    return checks + judge_check(bench, what)
+
+
+def judge_check(bench, what: str) -> list[Check]:
+    if bench.name not in JUDGED_BENCHMARKS:
+        return []
+    judge = importlib.import_module("_common.judge")
+    reason = judge.unavailable_reason()
+    return [Check("WARN", what, f"judged scores will be missing: {reason}")] if reason else \
+        [Check("OK", what, "a judge endpoint is configured")]

@@ -1,0 +1,134 @@
+"""The cost model at a tiny scale on CPU: shapes of the inputs, the formulas, and a full run."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+
+from lvspec_eval import cost_model as cm
+
+TINY = cm.Scale(width=0.05, max_layers=1, vocab_size=256, head_dim=16)
+
+
+def tiny_config(**overrides) -> cm.CostConfig:
+    base = dict(visual_tokens=(16, 64), scale=TINY, depth=2, level_width=2, tree_nodes=5, repeats=1,
+                prompt_tokens=8, new_tokens=16, device="cpu", dtype="float32")
+    return cm.CostConfig(**{**base, **overrides})
+
+
+def test_real_sizes_are_kept_at_full_scale():
+    arch = cm.shrink(cm.ARCHITECTURES["qwen2.5-vl-32b"], cm.Scale())
+    assert (arch["hidden"], arch["layers"], arch["heads"], arch["kv_heads"], arch["vocab"]) == (5120, 64, 40, 8, 152064)
+    small = cm.shrink(cm.ARCHITECTURES["llava-ov-0.5b"], cm.Scale())
+    assert (small["hidden"], small["layers"], small["tie"]) == (896, 24, True)
+
+
+def test_shrink_keeps_heads_a_multiple_of_kv_heads():
+    arch = cm.shrink(cm.ARCHITECTURES["qwen2.5-vl-7b"], cm.Scale(width=0.125, max_layers=2))
+    assert arch["heads"] % arch["kv_heads"] == 0
+    assert arch["hidden"] == arch["heads"] * 128 and arch["layers"] == 2
+    sparrow = cm.shrink(cm.ARCHITECTURES["qwen2.5-vl-32b"], cm.Scale(), layers=1)
+    assert sparrow["layers"] == 1 and sparrow["hidden"] == 5120
+
+
+def test_mrope_section_fills_half_the_head():
+    cfg = cm.text_config(cm.shrink(cm.ARCHITECTURES["qwen2.5-vl-7b"], TINY))
+    assert sum(cfg["rope_parameters"]["mrope_section"]) == cfg["head_dim"] // 2
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 256, 1000, 25000])
+def test_grid_holds_exactly_n_tokens(n):
+    side, frames = cm.grid_for(n)
+    assert side * side * frames == n and side <= cm.TOKENS_PER_FRAME_SIDE
+
+
+def test_verify_layout_is_root_plus_tree():
+    offsets, visible = cm.verify_layout(30)
+    assert offsets.shape == (31,) and visible.shape == (31, 31)
+    assert offsets[0] == 0 and int(offsets.max()) >= 5  # deeper than SpecVLM's 5 levels when grown
+    assert visible[1:, 0].all()  # every node sees the root
+
+
+def test_kept_indices_follow_the_ratio():
+    assert cm.kept_indices(1000, 0.9).numel() == 100
+    assert cm.kept_indices(5, 0.9).numel() == 1
+
+
+def test_predict_formula():
+    cfg = tiny_config(depth=4, new_tokens=100)
+    target = {"prefill_s": 1.0, "step_s": 0.02, "verify_s": 0.025}
+    draft = {"prefill_s": 0.5, "step_s": 0.005}
+    out = cm.predict(target, draft, tau=3.0, cfg=cfg)
+    assert out["decode_speedup"] == pytest.approx(4 * 0.02 / (0.005 * 4 + 0.025))
+    assert out["e2e_speedup"] == pytest.approx((1 + 100 * 0.02) / (1 + 0.5 + 25 * 0.045))
+
+
+def test_config_rejects_unknown_names():
+    with pytest.raises(ValueError, match="drafters.*allowed: full, pruned, sparrow"):
+        tiny_config(drafters=("eagle",))
+    with pytest.raises(ValueError, match="scale width"):
+        cm.Scale(width=2.0)
+    with pytest.raises(ValueError, match="drafter 'eagle'"):
+        cm.parse_taus("eagle=3")
+
+
+def test_taus_from_summary(tmp_path):
+    rows = [{"method": "sd_tree", "tau": 3.0}, {"method": "sd_tree", "tau": 2.0}, {"method": "sparrow", "tau": 4.0}]
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"rows": rows}))
+    assert cm.taus_from_summary(path) == {"full": 2.5, "pruned": cm.DEFAULT_TAU["pruned"], "sparrow": 4.0}
+
+
+def test_synthetic_inputs_have_the_asked_visual_tokens():
+    arch = cm.shrink(cm.ARCHITECTURES["qwen2.5-vl-7b"], TINY)
+    backend = cm.build_backend(arch, tiny_config())
+    inputs = backend.synthetic_inputs(48, 8, seed=0)
+    assert inputs.num_visual_tokens == 48
+    assert inputs.positions.shape == (3, 1, inputs.input_ids.shape[1])  # M-RoPE: 3 axes
+    state, logits = backend.prefill(inputs)
+    assert state.cache_len == inputs.input_ids.shape[1] and logits.shape == (256,)
+
+
+@pytest.fixture(scope="module")
+def tiny_result():
+    torch.set_num_threads(1)
+    return cm.run_cost_model(tiny_config(), log=lambda _msg: None)
+
+
+def test_run_gives_one_row_per_pair_drafter_and_length(tiny_result):
+    rows = tiny_result["rows"]
+    assert len(rows) == len(cm.PAIRS) * len(cm.DRAFTERS) * 2
+    for row in rows:
+        assert math.isfinite(row["decode_speedup"]) and row["decode_speedup"] > 0
+        assert math.isfinite(row["e2e_speedup"]) and row["e2e_speedup"] > 0
+
+
+def test_each_drafter_holds_its_share_of_the_video(tiny_result):
+    kv = {(r["pair"], r["drafter"], r["visual_tokens"]): r["draft_visual_tokens"] for r in tiny_result["rows"]}
+    assert kv["llava-ov-7b/0.5b", "full", 64] == 64
+    assert kv["llava-ov-7b/0.5b", "pruned", 64] == 6
+    assert kv["llava-ov-7b/0.5b", "sparrow", 64] == 0
+    sparrow = [r["draft_step_ms"] for r in tiny_result["rows"] if r["drafter"] == "sparrow" and r["pair"].startswith("qwen")]
+    assert len(set(sparrow)) == 1  # no visual KV: one cost for every video length
+
+
+def test_outputs_are_written(tiny_result, tmp_path):
+    paths = cm.write_outputs(tiny_result, tmp_path)
+    assert json.loads(paths["json"].read_text())["rows"] == tiny_result["rows"]
+    table = paths["md"].read_text()
+    assert table.startswith("| pair | drafter |") and "sparrow" in table
+    assert paths["png"].stat().st_size > 0
+
+
+def test_cli_arguments_build_the_config(tmp_path):
+    parser = argparse.ArgumentParser()
+    cm.add_arguments(parser)
+    args = parser.parse_args(["--pairs", "llava-ov-7b/0.5b", "--drafters", "pruned,sparrow", "--visual-tokens",
+                              "16,32", "--tau", "sparrow=3.5", "--cost-device", "cpu", "--cost-out", str(tmp_path)])
+    cfg = cm.config_from_args(args)
+    assert cfg.pairs == ("llava-ov-7b/0.5b",) and cfg.drafters == ("pruned", "sparrow")
+    assert cfg.visual_tokens == (16, 32) and cfg.taus["sparrow"] == 3.5 and cfg.tau_source == "given"
+    assert cfg.scale == cm.Scale(width=0.125, max_layers=2) and cfg.dtype == "float32"

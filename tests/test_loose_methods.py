@@ -1,0 +1,113 @@
+"""FLy and LVSpec end to end on a tiny random Qwen2.5-VL target and draft (CPU, fp32).
+
+Invariants: with their loose rules switched off, both are token-identical to vanilla greedy;
+with them on, runs complete and every committed token says how it got there. A PST step leaves
+tokens without KV entries (pending): the first token of the next step must still be the target's
+greedy choice given everything committed, which a full recompute checks.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+from lvspec_eval.backends.base import Backend
+from lvspec_eval.backends.qwen2_5_vl import QwenVLBackend
+from lvspec_eval.backends.qwen_vision import VisionPreprocessConfig
+from lvspec_eval.decoding import loop, methods
+from lvspec_eval.decoding.types import EXACT, LOOSE, PST, TARGET
+from lvspec_eval.demo import models, world
+
+TOKENIZER = Path(models.__file__).parent / "checkpoints" / "tokenizer"
+MAX_NEW = 24
+
+
+def _random_backend(tokenizer, config, seed: int) -> Backend:
+    """A random model whose logits are well separated (large init), so greedy choices are stable."""
+    for cfg in (config, config.text_config, config.vision_config):
+        cfg.initializer_range = 0.2
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).float().eval()
+    pre = VisionPreprocessConfig(min_pixels=models.DEMO_PREPROCESS.min_pixels,
+                                 max_pixels=models.DEMO_PREPROCESS.max_pixels)
+    return QwenVLBackend(model, tokenizer, "cpu", pre)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    target = _random_backend(tokenizer, models.target_config(tokenizer), seed=0)
+    draft = _random_backend(tokenizer, models.draft_config(tokenizer), seed=1)
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def video():
+    scene = world.make_scene(7)
+    return [(world.render(scene, models.FRAMES, models.FRAME_SIZE, models.FRAME_SIZE), models.FPS)]
+
+
+def run(pair, video, method: str, options: dict | None = None, drafter_backend: str = "draft"):
+    target, draft = pair
+    spec = methods.resolve(method)
+    opts = methods.make_options(spec, options or {})
+    drafter, verifier = methods.build(spec, opts, draft if drafter_backend == "draft" else None, target)
+    return loop.generate(target, drafter, verifier, world.CAPTION_PROMPT, video, MAX_NEW)
+
+
+@pytest.fixture(scope="module")
+def vanilla(pair, video):
+    return run(pair, video, "vanilla")
+
+
+def test_lvspec_strict_everywhere_without_pst_equals_vanilla(pair, video, vanilla):
+    out = run(pair, video, "lvspec", {"lv_threshold": -1.0, "pst": "off", "lv_lambda": 0.0})
+    assert out.tokens == vanilla.tokens
+    assert set(out.kinds) <= {EXACT, TARGET}
+    assert all(r is None or -1.0 <= r <= 1.0 for r in out.relevance)
+
+
+def test_fly_with_infinite_entropy_threshold_equals_vanilla(pair, video, vanilla):
+    out = run(pair, video, "fly", {"fly_entropy": float("inf"), "fly_k": 6})
+    assert out.tokens == vanilla.tokens
+    assert set(out.kinds) <= {EXACT, TARGET}
+
+
+def _first_tokens_are_greedy(backend: Backend, video, out) -> None:
+    """Each step's first committed token (unless LOOSE) is the target's choice after the prefix."""
+    inputs = backend.prepare(world.CAPTION_PROMPT, video)
+    state, first = backend.prefill(inputs)
+    gen = out.tokens
+    n = len(gen)
+    logits, _ = backend.forward(state, torch.tensor(gen), torch.arange(n),
+                                torch.tril(torch.ones(n, n, dtype=torch.bool)))
+    greedy = [int(first.argmax())] + logits.argmax(-1).tolist()  # greedy[i]: choice after gen[:i]
+    start = 1
+    for step in out.stats.steps:
+        if start < n and out.kinds[start] != LOOSE:
+            assert gen[start] == greedy[start], f"step starting at token {start}"
+        start += step.num_accepted + 1
+
+
+def test_loose_runs_complete_and_report_kinds(pair, video, vanilla):
+    target, _ = pair
+    blind = run(pair, video, "lvspec", {"lv_relevance": "off", "lv_lambda": 0.0, "pst": "off"})
+    assert LOOSE in blind.kinds  # a random draft is wrong often; accept-all takes it anyway
+    assert blind.stats.num_new_tokens == len(blind.tokens) <= MAX_NEW
+    assert all(r is None for r in blind.relevance)
+    fly = run(pair, video, "fly", {"fly_entropy": 0.0, "fly_window": 1, "fly_k": 4})
+    assert set(fly.kinds) <= {EXACT, LOOSE, TARGET} and len(fly.kinds) == len(fly.tokens)
+    for out in (blind, fly):
+        _first_tokens_are_greedy(target, video, out)
+
+
+def test_pst_steps_refeed_their_tokens_correctly(pair, video):
+    target, _ = pair
+    out = run(pair, video, "lvspec", {"lv_threshold": -1.0, "pst_window": 3, "tree_topk": 4,
+                                      "tree_total": 24, "tree_depth": 5}, drafter_backend="self")
+    assert len(out.kinds) == len(out.tokens) and set(out.kinds) <= {EXACT, PST, TARGET}
+    assert all(r is None or r >= -1.0 for r in out.relevance)
+    _first_tokens_are_greedy(target, video, out)

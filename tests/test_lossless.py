@@ -1,0 +1,122 @@
+"""The invariant: exact methods are token-identical to vanilla greedy decoding (fp32, batch 1).
+
+Modelled on transformers' test_assisted_decoding_matches_greedy_search: random prompts and videos
+(random frame counts and sizes, some without a video), both tiny families, SD-Tree and SpecVLM
+with a separate random draft (Std-SD: low acceptance, same output) and with the target drafting
+for itself (Self-SD; SpecVLM's on the pruned video), over dynamic, static and chain trees.
+Also: vanilla equals HF `generate`, and the target drafting on the full video accepts every
+draft token. The fast cases cover each method x draft x tree once per family or more; the slow
+ones (`-m slow`) sweep every combination with more seeds and a hypothesis search.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lvspec_eval.decoding import loop, methods
+
+MAX_NEW_TOKENS = 12
+# Small trees keep the suite fast; `dynamic` still prunes (4 + 3 * 16 candidates -> 12 kept).
+TREES = {
+    "dynamic": {"tree": "dynamic", "tree_depth": 4, "tree_topk": 4, "tree_total": 12},
+    "static": {"tree": "static", "tree_static": "specvlm26"},
+    "chain": {"tree": "chain", "tree_depth": 4},
+}
+METHODS = ("sd_tree", "specvlm")
+DRAFTS = ("std", "self")  # std: the family's separate small draft; self: draft=None (the target)
+FAMILIES = ("qwen2_5_vl", "llava_onevision")
+
+_vanilla_cache: dict[tuple[str, int, int], list[int]] = {}
+
+
+def _generate(family, method: str, draft: str | None, tree: dict, case, max_new_tokens: int):
+    spec = methods.resolve(method)
+    draft_backend = family.draft if draft == "std" else None
+    drafter, verifier = methods.build(spec, methods.make_options(spec, dict(tree)), draft_backend, family.target)
+    return loop.generate(family.target, drafter, verifier, case.prompt, case.videos, max_new_tokens)
+
+
+def _case(family, make_case, seed: int):
+    """Every eighth case has no video (the text-only path must stay lossless too)."""
+    return make_case(seed, family.max_side, with_video=seed % 8 != 7)
+
+
+def _vanilla(family, make_case, seed: int, max_new_tokens: int = MAX_NEW_TOKENS) -> list[int]:
+    key = (family.name, seed, max_new_tokens)
+    if key not in _vanilla_cache:
+        out = _generate(family, "vanilla", None, {}, _case(family, make_case, seed), max_new_tokens)
+        _vanilla_cache[key] = out.tokens
+    return _vanilla_cache[key]
+
+
+def _check_lossless(family, make_case, method, draft, tree_kind, seed, max_new_tokens=MAX_NEW_TOKENS):
+    case = _case(family, make_case, seed)
+    out = _generate(family, method, draft, TREES[tree_kind], case, max_new_tokens)
+    want = _vanilla(family, make_case, seed, max_new_tokens)
+    assert out.tokens == want, f"{family.name} {method} draft={draft} tree={tree_kind} seed={seed}"
+
+
+# Each family: every method, draft and tree kind at least once, one case without a video
+# (seed 7); 12 fast cases in all.
+FAST = [
+    (fam, method, draft, tree_kind, seed)
+    for fam in FAMILIES
+    for seed, method, draft, tree_kind in [
+        (0, "sd_tree", "std", "dynamic"), (1, "sd_tree", "std", "static"), (2, "sd_tree", "self", "chain"),
+        (3, "specvlm", "std", "chain"), (4, "specvlm", "self", "dynamic"), (7, "specvlm", "self", "static"),
+    ]
+]
+# Every combination, two more seeds each (48 cases).
+SLOW = [
+    pytest.param(fam, method, draft, tree_kind, seed, marks=pytest.mark.slow)
+    for i, (fam, method, draft, tree_kind) in enumerate(itertools.product(FAMILIES, METHODS, DRAFTS, TREES))
+    for seed in (100 + 2 * i, 101 + 2 * i)
+]
+
+
+@pytest.mark.parametrize("family,method,draft,tree_kind,seed", FAST + SLOW, indirect=["family"])
+def test_exact_methods_match_vanilla(family, make_case, method, draft, tree_kind, seed):
+    _check_lossless(family, make_case, method, draft, tree_kind, seed)
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(fam=st.sampled_from(FAMILIES), method=st.sampled_from(METHODS), draft=st.sampled_from(DRAFTS),
+       tree_kind=st.sampled_from(list(TREES)), seed=st.integers(1000, 10**6), max_new=st.integers(1, 16))
+def test_exact_methods_match_vanilla_property(qwen_family, llava_family, make_case, fam, method, draft, tree_kind,
+                                              seed, max_new):
+    family = qwen_family if fam == "qwen2_5_vl" else llava_family
+    _check_lossless(family, make_case, method, draft, tree_kind, seed, max_new)
+
+
+@pytest.mark.parametrize("tree_kind,depth", [("chain", 4), ("static", 5)])
+@pytest.mark.parametrize("family", FAMILIES, indirect=True)
+def test_target_as_drafter_accepts_everything(family, make_case, tree_kind, depth):
+    """Without pruning the target drafts exactly its own greedy tokens: every step accepts the
+    whole depth (the static tree holds the all-rank-0 path of depth 5)."""
+    seed = 11
+    out = _generate(family, "sd_tree", None, TREES[tree_kind], _case(family, make_case, seed), MAX_NEW_TOKENS)
+    assert out.tokens == _vanilla(family, make_case, seed)
+    assert out.stats.steps and all(s.num_accepted == depth for s in out.stats.steps)
+
+
+def _hf_greedy(family, case, max_new_tokens: int) -> list[int]:
+    backend = family.target
+    inputs = backend.prepare(case.prompt, case.videos)
+    kwargs = family.hf_kwargs(backend, inputs, inputs.input_ids)
+    with torch.no_grad():
+        out = backend.model.generate(**kwargs, max_new_tokens=max_new_tokens, do_sample=False)
+    tokens = out[0, inputs.input_ids.shape[1]:].tolist()
+    eos = next((i for i, t in enumerate(tokens) if t in backend.eos_token_ids), len(tokens))
+    return tokens[:eos]
+
+
+@pytest.mark.parametrize("seed", [0, 7])  # seed 7 has no video
+@pytest.mark.parametrize("family", FAMILIES, indirect=True)
+def test_vanilla_matches_hf_generate(family, make_case, seed):
+    case = _case(family, make_case, seed)
+    assert _vanilla(family, make_case, seed) == _hf_greedy(family, case, MAX_NEW_TOKENS)
