@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "lvspec_eval.sweep",  # sweep
     "lvspec_eval.report",  # report
     "lvspec_eval.check",  # check
+    "lvspec_eval.dry_run",  # dry-run
     "lvspec_eval.decoding.drafters.sparrow_train",  # train-sparrow
     "judges.cli",  # judge, judge-check
 )
@@ -45,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as err:  # bad input: a message, not a traceback
+        print(f"lvspec-eval {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ class Backend:
                                       self.model.dtype, self.device) if lo == split else None)
                 with collect as col:
                     out = self.text_model()(inputs_embeds=embeds[:, lo:hi], position_ids=positions[..., lo:hi],
-                                            attention_mask=mask, past_key_values=cache, use_cache=True)
+                                            attention_mask=mask, cache=cache, use_cache=True)
                 if col is not None:
                     state.extra["visual_attention"] = col.scores()
                 parts.append({k: v.clone() for k, v in hidden.items()})
@@ -209,7 +209,7 @@ class Backend:
         positions = self.position_ids(state.extra, state.next_pos + pos_offsets.to(self.device))
         with self.capture_hidden(hidden_layers) as hidden:
             out = self.text_model()(input_ids=tokens.view(1, -1).to(self.device), position_ids=positions,
-                                    attention_mask=mask, past_key_values=state.cache, use_cache=True)
+                                    attention_mask=mask, cache=state.cache, use_cache=True)
         state.temp_len += m
         return self.lm_head(out.last_hidden_state[0]), dict(hidden)
 

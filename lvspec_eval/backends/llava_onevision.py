@@ -30,7 +30,7 @@ class LlavaOnevisionBackend(Backend):
         self.video_token_id = model.config.video_token_id
 
     @classmethod
-    def from_pretrained_parts(cls, model, tokenizer, device, preprocess_overrides: dict) -> "LlavaOnevisionBackend":
+    def from_pretrained_parts(cls, model, tokenizer, device, preprocess_overrides: dict) -> LlavaOnevisionBackend:
         unknown = sorted(set(preprocess_overrides) - set(OVERRIDE_KEYS))
         if unknown:
             raise ValueError(f"LLaVA-OneVision preprocessing does not take {', '.join(unknown)}; it resizes "
@@ -86,11 +86,12 @@ class LlavaOnevisionBackend(Backend):
     def input_embeds(self, inputs: PreparedInputs) -> torch.Tensor:
         embeds = self.model.model.get_input_embeddings()(inputs.input_ids)
         if inputs.num_visual_tokens:
-            feats = self.visual_features(inputs).to(embeds.dtype)
+            # With device_map the vision tower and the embeddings may sit on different devices.
+            feats = self.visual_features(inputs).to(embeds.device, embeds.dtype)
             if feats.shape[0] != inputs.num_visual_tokens:
                 raise ValueError(f"the video gave {feats.shape[0]} features for {inputs.num_visual_tokens} "
                                  "placeholders; check vision_feature_select_strategy and image_size")
-            embeds = embeds.masked_scatter(inputs.visual_mask.to(self.device)[None, :, None], feats)
+            embeds = embeds.masked_scatter(inputs.visual_mask.to(embeds.device)[None, :, None], feats)
         return embeds
 
     def prefill_positions(self, inputs: PreparedInputs) -> torch.Tensor:

@@ -53,6 +53,9 @@ def _preprocess_overrides(path: str, **budget) -> dict:
             for key in ("min_pixels", "max_pixels"):
                 if key in cfg and key not in out:
                     out[key] = int(cfg[key])
+            for key in ("image_mean", "image_std"):
+                if key in cfg and key not in out:
+                    out[key] = tuple(float(x) for x in cfg[key])
             if isinstance(cfg.get("size"), dict):
                 out.setdefault("min_pixels", cfg["size"].get("shortest_edge"))
                 out.setdefault("max_pixels", cfg["size"].get("longest_edge"))

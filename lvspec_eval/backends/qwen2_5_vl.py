@@ -78,8 +78,8 @@ class QwenVLBackend(Backend):
     def input_embeds(self, inputs: PreparedInputs) -> torch.Tensor:
         embeds = self.model.model.get_input_embeddings()(inputs.input_ids)
         if inputs.num_visual_tokens:
-            feats = self.visual_features(inputs).to(embeds.dtype)
-            embeds = embeds.masked_scatter(inputs.visual_mask.to(self.device)[None, :, None], feats)
+            feats = self.visual_features(inputs).to(embeds.device, embeds.dtype)
+            embeds = embeds.masked_scatter(inputs.visual_mask.to(embeds.device)[None, :, None], feats)
         return embeds
 
     def prefill_positions(self, inputs: PreparedInputs) -> torch.Tensor:

@@ -73,7 +73,7 @@ def run_demo(out: Path, methods: list[str], limit: int, threads: int) -> dict:
         run_lmms_eval(method, out / "runs" / method, DEMO_TASKS, limit)
         print(f"[demo] {method}: lmms-eval run done in {time.time() - t0:.0f} s", flush=True)
         run_dirs.append(out / "runs" / method)
-    return report.build_report(run_dirs, out)
+    return report.build_report(run_dirs, out, echo=True)
 
 
 def _main(args: argparse.Namespace) -> int:
