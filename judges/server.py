@@ -84,7 +84,8 @@ class JudgeServer:
         port = port or free_port(host)
         log_path = log_path or Path(tempfile.mkdtemp(prefix="judge_server_")) / "server.log"
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path), "--model_alias", MODEL_ALIAS,
-               "--host", host, "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(n_threads)]
+               "--host", host, "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(n_threads),
+               "--n_threads_batch", str(n_threads)]
         log_file = open(log_path, "ab")
         env = {**os.environ, "OMP_NUM_THREADS": str(n_threads)}
         process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)

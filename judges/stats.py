@@ -160,13 +160,17 @@ def retention_interval(
 ) -> RatioInterval:
     """Retention mean(method)/mean(vanilla) with a paired BCa bootstrap interval.
 
-    When method == vanilla on every sample all resamples give exactly 1, and so does the interval.
+    When method == vanilla on every sample, retention and interval are exactly 1 (every resample
+    gives 1), even when vanilla scores 0 everywhere: identical scores retain all there was.
+    Otherwise a zero vanilla mean leaves retention undefined (NaN).
     """
     m, v = _check_pair(method, vanilla)
     _check_alpha(alpha)
     if n_boot < 1:
         raise ValueError(f"n_boot={n_boot!r}; allowed: an integer >= 1")
     n = len(m)
+    if n > 0 and np.array_equal(m, v):
+        return RatioInterval(1.0, 1.0, 1.0, alpha, n_boot, n)
     if n == 0 or v.mean() == 0:
         return RatioInterval(float("nan"), float("nan"), float("nan"), alpha, n_boot, n)
     estimate = float(m.mean() / v.mean())

@@ -33,7 +33,7 @@ import json
 import math
 import statistics
 import types
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -232,7 +232,10 @@ def grid_for(num_visual: int) -> tuple[int, int]:
 
 def build_backend(arch: dict, cfg: CostConfig) -> Backend:
     """A random-weight model of `arch` on cfg.device in cfg.dtype, wrapped in its backend."""
-    from transformers import LlavaOnevisionForConditionalGeneration, Qwen2_5_VLForConditionalGeneration
+    from transformers import (
+        LlavaOnevisionForConditionalGeneration,
+        Qwen2_5_VLForConditionalGeneration,
+    )
 
     cls = {"qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
            "llava_onevision": LlavaOnevisionForConditionalGeneration}[arch["family"]]
@@ -444,6 +447,9 @@ def plot(result: dict, path: Path) -> None:
             ax.plot(xs, [r["e2e_speedup"] for r in rows], ls="--", color=line.get_color(), label=f"{drafter} (e2e)")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(xscale="log", xlabel="visual tokens", ylabel="predicted speedup", title=pair)
+        ticks = sorted({r["visual_tokens"] for r in result["rows"] if r["pair"] == pair})
+        ax.set_xticks(ticks, [f"{t:,}" for t in ticks], fontsize=7)
+        ax.minorticks_off()
         ax.legend(fontsize=7)
     fig.suptitle(f"cost model on {result['device']} ({result['settings']['dtype']})", fontsize=9)
     fig.tight_layout()

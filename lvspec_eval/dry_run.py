@@ -168,11 +168,18 @@ def check_tasks(names: list[str], include_path: Path, num_videos: int) -> list[C
             if task in registry.TASKS:
                 benches.setdefault(registry.TASKS[task], []).append(task)
             else:
-                checks.append(Check("WARN", f"task {task}", "not one of this project's benchmark tasks "
-                                    "(a demo, built-in or unknown task): its data is not checked here"))
+                checks.append(Check("WARN", f"task {task}", unknown_task_note(registry, task)))
     for bench_name, tasks in benches.items():
         checks += check_benchmark(registry, registry.get(bench_name), ",".join(tasks), num_videos)
     return checks
+
+
+def unknown_task_note(registry, task: str) -> str:
+    note = "not one of this project's benchmark tasks (a demo, built-in or unknown task): its data is not checked here"
+    if f"lvspec_{task}" in registry.TASKS:  # lmms-eval's built-in of the same benchmark
+        note += (f"; did you mean lvspec_{task}? lmms-eval's built-in {task} downloads from the hub and "
+                 "exits the whole run on a missing video")
+    return note
 
 
 def check_benchmark(registry, bench, tasks: str, num_videos: int) -> list[Check]:

@@ -13,8 +13,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from transformers.models.llava_onevision.image_processing_pil_llava_onevision import \
-    LlavaOnevisionImageProcessorPil
+from transformers.models.llava_onevision.image_processing_pil_llava_onevision import LlavaOnevisionImageProcessorPil
 
 from lvspec_eval.backends.base import additive_mask
 from lvspec_eval.backends.llava_onevision import LlavaOnevisionBackend

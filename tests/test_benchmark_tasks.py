@@ -135,7 +135,7 @@ def test_task_registry_covers_every_task_yaml():
     for path in TASKS_DIR.glob("*/*.yaml"):
         if path.parent.name in BENCH_DIRS.values():
             config = yaml.safe_load("\n".join(l for l in path.read_text().splitlines() if "!function" not in l))
-            names.add(config.get("task") or config.get("group"))
+            names.add(config["group"] if "group" in config else config["task"])
     assert names == set(benchmarks.TASKS) | set(benchmarks.GROUPS)
 
 
@@ -164,13 +164,13 @@ def test_yaml_configs_resolve_their_functions_and_placeholder():
 # ---- prompts: fixed, the built-in tasks' wording ------------------------------------------------
 
 def test_vdc_asks_the_canonical_instruction_every_time(roots):
-    from _common.builtin import builtin_utils
+    from _common.builtin import builtin_constant
 
     utils, doc = load_utils("vdc"), rows("vdc")[0]
     for dim, attr in utils.PROMPT_LISTS.items():
         kwargs = {"dimension": dim, "prompt_index": 0}
         texts = {utils.doc_to_text(doc, kwargs) for _ in range(5)}
-        assert texts == {getattr(builtin_utils("vdc"), attr)[0]}
+        assert texts == {builtin_constant("vdc", attr)[0]}
     with pytest.raises(ValueError, match="VDC dimension 'sound'; expected one of detailed"):
         utils.instruction("sound")
 
@@ -318,7 +318,7 @@ def test_every_task_runs_end_to_end_through_lmms_eval(tiny_model, tmp_path):
             f"pretrained={tiny_model},method=vanilla,max_new_tokens=8,stats_path={stats}",
             "--tasks", ",".join(ALL_TASKS), "--include_path", str(TASKS_DIR), "--limit", "2",
             "--output_path", str(tmp_path / "out"), "--log_samples", "--verbosity", "DEBUG"]
-    run = subprocess.run(args, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=3600)
+    run = subprocess.run(args, check=False, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=3600)
     results = list((tmp_path / "out").rglob("*_results.json"))  # lmms-eval can exit 0 on failure
     assert results, run.stdout[-3000:] + run.stderr[-3000:]
     tasks = set(json.loads(results[0].read_text())["results"])
@@ -332,3 +332,98 @@ def test_every_task_runs_end_to_end_through_lmms_eval(tiny_model, tmp_path):
     failed = [r for r in records if r["error"]]
     assert [(r["task"], r["doc_id"]) for r in failed] == [("lvspec_mlvu", 1)]
     assert "mlvu_missing.mp4" in failed[0]["error"]
+
+
+# ---- lvspec-eval dry-run ------------------------------------------------------------------------------
+
+def dry_run(capsys, model_args: str, tasks: str, videos: int = 3) -> tuple[int, str]:
+    import argparse
+
+    from lvspec_eval import dry_run as dr
+
+    code = dr.run(argparse.Namespace(model_args=model_args, tasks=tasks, include_path=str(TASKS_DIR), videos=videos))
+    return code, capsys.readouterr().out
+
+
+def save_checkpoint_files(path: Path, merge_size: int = 2, draft: bool = False) -> Path:
+    """config.json, tokenizer and preprocessor config of a demo-architecture Qwen2.5-VL (no weights)."""
+    from transformers import AutoTokenizer
+
+    from lvspec_eval.demo import models
+
+    tok = AutoTokenizer.from_pretrained(ROOT / "lvspec_eval" / "demo" / "checkpoints" / "tokenizer")
+    config = (models.draft_config if draft else models.target_config)(tok)
+    config.vision_config.spatial_merge_size = merge_size
+    config.save_pretrained(path)
+    tok.save_pretrained(path)
+    (path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 784, "max_pixels": 200704}))
+    return path
+
+
+def test_dry_run_passes_on_good_settings(roots, capsys, tmp_path):
+    target = save_checkpoint_files(tmp_path / "target")
+    draft = save_checkpoint_files(tmp_path / "draft", draft=True)
+    code, out = dry_run(capsys, f"pretrained={target},draft={draft},method=specvlm", "lvspec_videomme,vdd,synthvid_mcq")
+    assert code == 0, out
+    assert "OK    pairing:" in out and "OK    data videomme (lvspec_videomme): LVSPEC_VIDEOMME_ROOT=" in out
+    assert "the first 2 videos exist" in out
+    assert "WARN  data vdd (vdd): judged scores will be missing: no judge configured" in out
+    assert "WARN  task synthvid_mcq: not one of this project's benchmark tasks" in out
+
+
+def test_dry_run_fails_on_a_missing_video(roots, capsys, tmp_path):
+    target = save_checkpoint_files(tmp_path / "target")
+    code, out = dry_run(capsys, f"pretrained={target},method=vanilla", "lvspec_mlvu")
+    assert code == 1 and "FAIL  data mlvu (lvspec_mlvu): 1 of the first 2 videos missing:" in out
+    assert "mlvu_missing.mp4" in out and out.rstrip().endswith("1 failures")
+
+
+def test_dry_run_fails_on_bad_model_args_and_roots(roots, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("LVSPEC_VDC_ROOT", str(tmp_path / "nowhere"))
+    code, out = dry_run(capsys, "pretrained=demo,method=vanila", "vdc,videomme")
+    assert code == 1
+    assert "FAIL  model_args: unknown method 'vanila'" in out
+    assert "WARN  task videomme: not one of this project's benchmark tasks" in out and "lvspec_videomme?" in out
+    assert "data vdc (vdc_detailed,vdc_camera,vdc_short,vdc_background,vdc_main_object)" in out
+    assert "nowhere: no such folder" in out
+
+
+def test_dry_run_finds_a_layout_mismatch(roots, capsys, tmp_path):
+    target = save_checkpoint_files(tmp_path / "target")
+    draft = save_checkpoint_files(tmp_path / "draft", merge_size=1, draft=True)
+    code, out = dry_run(capsys, f"pretrained={target},draft={draft},method=sd_tree", "lvspec_videomme")
+    assert code == 1 and "FAIL  pairing: layout: target ('qwen2_5_vl', 14, 2, 2," in out
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_onevision"], indirect=True)
+def test_dry_run_layout_equals_the_backends(family):
+    """dry-run computes the layout from files; it must agree with the loaded backend's."""
+    from transformers import AutoConfig
+
+    from lvspec_eval import dry_run as dr
+    from lvspec_eval.models.args import ModelArgs
+
+    path = family.target.model.config._name_or_path
+    parsed = ModelArgs.parse({"pretrained": path, "device": "cpu"})
+    assert dr.config_layout(AutoConfig.from_pretrained(path), path, parsed) == family.target.layout()
+
+
+@pytest.mark.judge_server
+def test_judged_tasks_against_the_real_local_judge(roots, monkeypatch, tmp_path):
+    """VDD and MovieChat scoring through a real OpenAI-compatible server (plumbing, not quality)."""
+    from judges.server import JudgeServer, missing_reason
+
+    reason = missing_reason()
+    if reason:
+        pytest.skip(f"local judge server not available: {reason}")
+    with JudgeServer.start(log_path=tmp_path / "server.log", n_threads=1) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("MODEL_VERSION", server.model)
+        monkeypatch.setenv(judge.JUDGE_CACHE, str(tmp_path / "cache.sqlite"))
+        vdd = load_utils("vdd").process_results(rows("vdd")[0], ["A red square moves left on a black background."])
+        mc = load_utils("moviechat").process_results(rows("moviechat")[0], ["gray"])
+        assert server.request_count() > 0
+    for value in (vdd["detail_score"], mc["qa_acc"], mc["qa_score"]):
+        assert (value["judge_score"] is None) == (value["judge_error"] is not None)  # a score, or why not
+        if value["judge_score"] is not None:
+            assert 0 <= value["score"] <= 5

@@ -106,8 +106,7 @@ def test_loose_runs_complete_and_report_kinds(pair, video, vanilla):
 
 def test_pst_steps_refeed_their_tokens_correctly(pair, video):
     target, _ = pair
-    out = run(pair, video, "lvspec", {"lv_threshold": -1.0, "pst_window": 3, "tree_topk": 4,
-                                      "tree_total": 24, "tree_depth": 5}, drafter_backend="self")
+    out = run(pair, video, "lvspec", {"lv_threshold": -1.0, "pst_window": 3, "pst_confirm": 0})
+    assert PST in out.kinds  # a random draft's wide tree holds the target's token deeper down
     assert len(out.kinds) == len(out.tokens) and set(out.kinds) <= {EXACT, PST, TARGET}
-    assert all(r is None or r >= -1.0 for r in out.relevance)
     _first_tokens_are_greedy(target, video, out)

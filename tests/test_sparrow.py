@@ -50,7 +50,7 @@ def test_random_head_is_lossless(family, make_case, tree, tmp_path):
         case = make_case(seed, family.max_side)
         ref, _ = _run(family.target, "vanilla", case)
         for hsr in ("on", "off"):
-            out, drafter = _run(family.target, "sparrow", case, tree=tree, sparrow_head=head, sparrow_hsr=hsr)
+            out, _ = _run(family.target, "sparrow", case, tree=tree, sparrow_head=head, sparrow_hsr=hsr)
             assert out.tokens == ref.tokens, (family.name, tree, hsr, seed)
             assert out.stats.kept_visual_tokens == 0
 
@@ -173,6 +173,7 @@ def test_training_passes_compute_what_drafting_computes(family, tmp_path):
     drafter.known = list(ex.target_h[t0:])
     _, out, _ = drafter._catch_up(answer[:2])  # root = answer[1]
     torch.testing.assert_close(out, passes[0][t0 + 1], atol=1e-5, rtol=1e-5)
+    out = out[None]
     for depth in (1, 2):
         pos = torch.tensor([drafter.num_text + 1 + depth])
         _, out = drafter._run(torch.tensor([answer[1 + depth]]), out, pos,
@@ -212,3 +213,28 @@ def test_checkpoint_roundtrip_and_errors(tmp_path, qwen_family):
         with pytest.raises(ValueError, match="sparrow"):
             sparrow.parse_options(bad)
     assert sparrow.parse_options({"sparrow_hsr": "false"})["sparrow_hsr"] == "off"
+
+
+def test_batched_answers_match_the_decoding_loop(family, tmp_path):
+    """The training data's batched greedy answers equal the loop's vanilla answers (both families)."""
+    args = _train_args(tmp_path, "--target", "unused", "--num-captions", "2", "--num-mcq", "1")
+    tasks = sparrow_train.task_list(args)
+    batched = sparrow_train.greedy_batch(family.target, tasks, args)
+    assert batched == [sparrow_train.greedy_one(family.target, t, args) for t in tasks]
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl"], indirect=True)
+def test_ivsb_prefix_is_seen_only_by_text_after_the_video(family, tmp_path):
+    args = _train_args(tmp_path, "--target", "unused")
+    ex = sparrow_train.extract(family.target, {"seed": 3, "prompt": "describe", "answer": [5, 9, 11]}, args, 1)
+    first_after = int(ex.visual_pos[0])  # text index of the first token after the video
+    assert ex.visual.shape[0] == int(family.target.prepare("describe", [sparrow_train.video_for(3, args)])
+                                     .num_visual_tokens)
+    head = SparrowHead.for_target(family.target)
+    embed = family.target.model.get_input_embeddings()
+    with torch.no_grad():
+        seen, dropped = (sparrow_train.head_passes(head, embed, sparrow_train.collate([ex], [d], "cpu"), 1)
+                         for d in (False, True))
+    for k in range(2):
+        torch.testing.assert_close(seen[k][0, :first_after], dropped[k][0, :first_after])
+        assert (seen[k][0, first_after:] - dropped[k][0, first_after:]).abs().amax(-1).min() > 1e-4

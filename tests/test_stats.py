@@ -89,6 +89,11 @@ def test_bca_is_reproducible_with_the_fixed_seed():
     assert stats.retention_interval(method, vanilla) == stats.retention_interval(method, vanilla)
 
 
+def test_identical_scores_retain_everything_even_at_zero():
+    r = stats.retention_interval([0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
+    assert (r.estimate, r.lo, r.hi) == (1.0, 1.0, 1.0)
+
+
 def test_bca_undefined_cases_give_nan():
     assert math.isnan(stats.retention_interval([1.0, 0.0], [0.0, 0.0]).estimate)
     single = stats.retention_interval([0.5], [1.0])

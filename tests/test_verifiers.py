@@ -17,7 +17,7 @@ from lvspec_eval.decoding.types import EXACT, LOOSE, PST, TARGET, Draft, Scores
 from lvspec_eval.decoding.verifiers import loose
 from lvspec_eval.decoding.verifiers.exact import ExactVerifier
 from lvspec_eval.decoding.verifiers.fly import FlyVerifier, fly_accept
-from lvspec_eval.decoding.verifiers.lvspec import LVSpecVerifier, lvspec_walk
+from lvspec_eval.decoding.verifiers.lvspec import Judged, LVSpecVerifier, lvspec_walk
 
 VOCAB, DIM, LAYER = 32, 8, 3
 VISUAL = {LAYER: torch.eye(DIM)[:4]}  # layer -> [4 visual tokens, DIM]
@@ -201,11 +201,25 @@ def test_lvspec_walks_trees_greedily():
     verdict = lvspec().verify(draft, scores(rows, hidden), VISUAL)
     assert verdict.path == [1, 4] and verdict.tokens == [2, 5, 21]  # then exact child 5 (n4), bonus
     assert verdict.kinds == [LOOSE, EXACT, TARGET] and verdict.num_cached == 2
-    # PST in a tree: the target's 6 sits under n1 -> n3 (two inserted tokens)
+    # PST in a tree: the target's 6 sits under n1 -> n3 (two inserted tokens), with no draft after it
     rows[0] = sure(6)
-    assert lvspec(pst_window=1).verify(draft, scores(rows, [ON_VIDEO] * 6), VISUAL).path == []
-    shifted = lvspec(pst_window=2).verify(draft, scores(rows, [ON_VIDEO] * 6), VISUAL)
+    strict = scores(rows, [ON_VIDEO] * 6)
+    assert lvspec(pst_window=1, pst_confirm=0).verify(draft, strict, VISUAL).path == []
+    assert lvspec(pst_window=2, pst_confirm=1).verify(draft, strict, VISUAL).path == []  # unconfirmed
+    shifted = lvspec(pst_window=2, pst_confirm=0).verify(draft, strict, VISUAL)
     assert shifted.path == [5] and shifted.tokens == [6, 22] and shifted.num_cached == 0
+
+
+def test_lvspec_pst_follows_the_drafts_favourite_chain():
+    # root -> n0 (1) -> n1 (2), n2 (4); the target wants 4 after the root, then 5 after n2
+    draft = Draft(tokens=torch.tensor([1, 2, 4, 5]), parents=torch.tensor([-1, 0, 0, 2]),
+                  scores=torch.tensor([-0.1, -0.5, -0.9, -1.0]))
+    rows = [sure(4), sure(20), sure(21), sure(5), sure(22)]
+    sc = scores(rows, [ON_VIDEO] * 4)
+    assert lvspec(pst_window=1).verify(draft, sc, VISUAL).path == []  # n2 is not n0's favourite
+    favourite = Draft(tokens=draft.tokens, parents=draft.parents, scores=torch.tensor([-0.1, -0.9, -0.5, -1.0]))
+    verdict = lvspec(pst_window=1).verify(favourite, sc, VISUAL)
+    assert verdict.path == [2, 3] and verdict.tokens == [4, 5, 22] and verdict.kinds == [PST, EXACT, TARGET]
 
 
 def test_lvspec_loose_tokens_never_exceed_the_threshold():
@@ -251,7 +265,9 @@ def test_lvspec_asks_for_its_layer_and_fails_clearly_without_it():
 
 
 def test_walk_on_plain_lists_matches_docstring_example():
-    walk = lvspec_walk(tree.chain_parents(3), [5, 9, 7], [9, 0, 7, 8], [False] * 3, [0.0] * 3, 1)
+    judged = Judged(tokens=[5, 9, 7], target=[9, 0, 7, 8], lenient=[False] * 3, preference=[0.0] * 3,
+                    kids=tree.children(tree.chain_parents(3)))
+    walk = lvspec_walk(judged, pst_window=1)
     assert (walk.path, walk.kinds, walk.num_cached) == ([1, 2], [PST, EXACT], 0)
 
 
@@ -260,7 +276,7 @@ def test_walk_on_plain_lists_matches_docstring_example():
 def test_options_are_listed_with_defaults():
     assert FlyVerifier.OPTIONS == {"fly_entropy": 0.3, "fly_window": 6, "fly_k": 15}
     assert {"lv_layer", "lv_topn", "lv_threshold", "lv_lambda", "lv_loose", "lv_topk", "lv_relevance", "pst",
-            "pst_window"} == set(LVSpecVerifier.OPTIONS)
+            "pst_window", "pst_confirm"} == set(LVSpecVerifier.OPTIONS)
 
 
 @pytest.mark.parametrize("user, message", [

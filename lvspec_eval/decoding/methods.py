@@ -48,9 +48,9 @@ class DecodeOptions:
     """Every decoding knob a user can set through model_args, with its default."""
 
     tree: str = "dynamic"  # dynamic | static | chain
-    tree_depth: int = 5
-    tree_topk: int = 8
-    tree_total: int = 48
+    tree_depth: int = 8
+    tree_topk: int = 4
+    tree_total: int = 16
     tree_static: str = "specvlm26"
     prune_ratio: float = 0.9
     prune_lambda: float = 0.4

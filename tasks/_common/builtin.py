@@ -26,3 +26,20 @@ def builtin_utils(task_dir: str) -> ModuleType:
     finally:
         if added:
             os.environ.pop("HF_HOME", None)
+
+
+def builtin_constant(task_dir: str, name: str):
+    """A literal constant (e.g. a prompt list) of lmms_eval/tasks/<task_dir>/utils.py, read from
+    its source without running it: some of those modules cannot be imported here (VDC's applies
+    an sglang decorator at import time and fails without sglang)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("lmms_eval")
+    path = os.path.join(os.path.dirname(spec.origin), "tasks", task_dir, "utils.py")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise ValueError(f"{path} defines no literal {name!r}")

@@ -70,6 +70,7 @@ def _ask(ask):
     samples once the judge is fixed. Returns None when the judgment is missing (see _state).
     """
     import openai
+
     from judges.client import JudgeSetupError
 
     try:

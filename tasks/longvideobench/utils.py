@@ -13,7 +13,7 @@ _TASKS_DIR = str(Path(__file__).resolve().parent.parent)
 if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
     sys.path.insert(0, _TASKS_DIR)
 
-from _common import benchmarks, metrics  # noqa: E402
+from _common import benchmarks, metrics
 
 BENCH = "longvideobench"
 MAX_OPTIONS = 5  # option0 .. option4; unused ones are "N/A"

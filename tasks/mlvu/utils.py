@@ -11,8 +11,8 @@ _TASKS_DIR = str(Path(__file__).resolve().parent.parent)
 if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
     sys.path.insert(0, _TASKS_DIR)
 
-from _common import benchmarks  # noqa: E402
-from _common.builtin import builtin_utils  # noqa: E402
+from _common import benchmarks
+from _common.builtin import builtin_utils
 
 BENCH = "mlvu"
 

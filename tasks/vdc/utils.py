@@ -1,8 +1,9 @@
 """VDC (video detailed captions), five dimensions, judged by this project's judges/ (VDCscore).
 
 lmms-eval's VDC tasks pick a random instruction per sample and judge with an sglang server
-(CUDA only). Ours ask each dimension's first (canonical) instruction from lmms-eval's own lists,
-every time, and judge through judges.client in mode "vdc": the judge answers each reference
+(CUDA only). Ours ask each dimension's first (canonical) instruction from lmms-eval's own lists
+(read from its source: the module cannot be imported without sglang), every time, and judge
+through judges.client in mode "vdc": the judge answers each reference
 question from the caption alone, then marks the answer (yes/no and 0-5). vdc_score is the mean
 mark (0-5), vdc_acc the share of "yes", both per sample and averaged, as VDCscore reports them.
 The reference questions are logged with each sample (qa_list) so `lvspec-eval judge --mode vdc`
@@ -15,8 +16,8 @@ _TASKS_DIR = str(Path(__file__).resolve().parent.parent)
 if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
     sys.path.insert(0, _TASKS_DIR)
 
-from _common import benchmarks, judge, metrics  # noqa: E402
-from _common.builtin import builtin_utils  # noqa: E402
+from _common import benchmarks, judge, metrics
+from _common.builtin import builtin_constant
 
 BENCH = "vdc"
 # dimension -> lmms-eval's list of instructions for it (we always ask entry `prompt_index`)
@@ -32,7 +33,7 @@ PROMPT_LISTS = {
 def instruction(dimension: str, index: int = 0) -> str:
     if dimension not in PROMPT_LISTS:
         raise ValueError(f"VDC dimension {dimension!r}; expected one of {', '.join(PROMPT_LISTS)}")
-    return getattr(builtin_utils("vdc"), PROMPT_LISTS[dimension])[index]
+    return builtin_constant("vdc", PROMPT_LISTS[dimension])[index]
 
 
 def process_docs(dataset):

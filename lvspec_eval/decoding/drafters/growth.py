@@ -8,8 +8,8 @@ LM (ModelDrafter) and the Sparrow head grow exactly the same trees.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

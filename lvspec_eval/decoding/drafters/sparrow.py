@@ -33,14 +33,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache, Qwen2Config
-from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm, Qwen2RotaryEmbedding
+from transformers.models.qwen2.modeling_qwen2 import (
+    Qwen2DecoderLayer,
+    Qwen2RMSNorm,
+    Qwen2RotaryEmbedding,
+)
 
-from ...backends.base import FINAL, Backend, DecodeState, PreparedInputs, additive_mask, crop_cache
+from ...backends.base import (
+    FINAL,
+    Backend,
+    DecodeState,
+    PreparedInputs,
+    additive_mask,
+    crop_cache,
+)
 from ...backends.loading import DEMO_NAMES
 from ..tree import TreeConfig
 from ..types import Draft
@@ -89,7 +101,7 @@ class SparrowHead(nn.Module):
                 nn.init.zeros_(module.bias)
 
     @classmethod
-    def for_target(cls, backend: Backend) -> "SparrowHead":
+    def for_target(cls, backend: Backend) -> SparrowHead:
         return cls(head_config(backend.model.config.get_text_config()))
 
     def project(self, embeds: torch.Tensor, prev_hidden: torch.Tensor) -> torch.Tensor:
@@ -115,7 +127,7 @@ class SparrowHead(nn.Module):
         (path / HEAD_CONFIG).write_text(json.dumps({"config": self.config.to_dict(), "meta": self.meta}, indent=1))
 
     @classmethod
-    def load(cls, path: str | Path, backend: Backend | None = None) -> "SparrowHead":
+    def load(cls, path: str | Path, backend: Backend | None = None) -> SparrowHead:
         """Load a head; with a backend, check it fits that target and move it to its device/dtype."""
         path = Path(path)
         if not (path / HEAD_WEIGHTS).exists():
@@ -144,7 +156,7 @@ class SparrowDrafter:
     hidden_layers: tuple[int, ...] = (FINAL,)
     needs_visual_attention = False
     # model_args options (the `sparrow_` prefix routes them here) and their defaults
-    OPTIONS = {"sparrow_head": None, "sparrow_hsr": "on"}
+    OPTIONS: ClassVar[dict] = {"sparrow_head": None, "sparrow_hsr": "on"}
 
     def __init__(self, head: SparrowHead, target: Backend, tree: TreeConfig, hsr: bool = True):
         self.head, self.target, self.tree, self.hsr = head, target, tree, hsr

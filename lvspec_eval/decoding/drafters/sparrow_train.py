@@ -35,6 +35,7 @@ Logs (JSON lines) and the resumable state go to --work; the head (fc + layer + n
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import time
@@ -108,16 +109,54 @@ def generate_data(backend: Backend, args, path: Path) -> list[dict]:
         done = {r["key"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
     tasks = task_list(args)
     todo = [t for t in tasks if t["key"] not in done]
-    drafter, verifier = NoDrafter(), ExactVerifier()
+    bar = tqdm(total=len(todo), desc="target answers", mininterval=5, disable=not todo)
     with path.open("a") as f:
-        for task in tqdm(todo, desc="target answers", mininterval=5, disable=not todo):
-            out = generate(backend, drafter, verifier, task["prompt"], [video_for(task["seed"], args)],
-                           args.max_new_tokens)
-            answer = out.tokens + ([end_token(backend)] if len(out.tokens) < args.max_new_tokens else [])
-            done[task["key"]] = {**task, "answer": answer}
-            f.write(json.dumps(done[task["key"]]) + "\n")
+        for lo in range(0, len(todo), args.gen_batch):
+            chunk = todo[lo: lo + args.gen_batch]
+            answers = greedy_batch(backend, chunk, args) if args.gen_batch > 1 else [greedy_one(backend, chunk[0], args)]
+            for task, answer in zip(chunk, answers):
+                done[task["key"]] = {**task, "answer": answer}
+                f.write(json.dumps(done[task["key"]]) + "\n")
             f.flush()
+            bar.update(len(chunk))
+    bar.close()
     return [done[t["key"]] for t in tasks]
+
+
+def greedy_one(backend: Backend, task: dict, args) -> list[int]:
+    """The answer from the decoding loop itself (vanilla), with the EOS it stopped at."""
+    out = generate(backend, NoDrafter(), ExactVerifier(), task["prompt"], [video_for(task["seed"], args)],
+                   args.max_new_tokens)
+    return out.tokens + ([end_token(backend)] if len(out.tokens) < args.max_new_tokens else [])
+
+
+@torch.no_grad()
+def greedy_batch(backend: Backend, tasks: list[dict], args) -> list[list[int]]:
+    """Answers for a batch through the model's own batched greedy `generate` (left padding).
+
+    Several times faster per answer than one-by-one decoding on a CPU. Each family's visual
+    inputs concatenate along dim 0 (Qwen: patches, grids, frame spacings; LLaVA-OV: videos).
+    Batched and one-by-one greedy decoding can differ where two logits tie within rounding:
+    either is the target's own output, which is all the training data needs.
+    """
+    prepared = [backend.prepare(t["prompt"], [video_for(t["seed"], args)]) for t in tasks]
+    pad = backend.tokenizer.pad_token_id if backend.tokenizer.pad_token_id is not None else 0
+    width = max(p.input_ids.shape[1] for p in prepared)
+    ids = torch.full((len(tasks), width), pad, dtype=torch.long, device=backend.device)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prepared):
+        ids[i, width - p.input_ids.shape[1]:], mask[i, width - p.input_ids.shape[1]:] = p.input_ids[0], 1
+    kwargs = {k: torch.cat([p.model_kwargs[k] for p in prepared]) for k in prepared[0].model_kwargs}
+    if "mm_token_type_ids" in inspect.signature(backend.model.forward).parameters:  # Qwen: 2 marks video
+        kwargs["mm_token_type_ids"] = (ids == backend.video_token_id).int() * 2
+    eos = sorted(backend.eos_token_ids)
+    out = backend.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
+                                 do_sample=False, eos_token_id=eos, pad_token_id=pad, **kwargs)[:, width:]
+    answers = []
+    for row in out.tolist():
+        stop = next((i for i, t in enumerate(row) if t in backend.eos_token_ids), None)
+        answers.append(row if stop is None else row[: stop + 1])
+    return answers
 
 
 @torch.no_grad()
@@ -377,7 +416,7 @@ def train(args) -> Path:
 
 def check_args(args) -> None:
     """Reject values that would only fail (or silently do nothing) later."""
-    for name in ("steps", "batch_size", "grad_accum", "frames", "size", "max_new_tokens"):
+    for name in ("steps", "batch_size", "grad_accum", "frames", "size", "max_new_tokens", "gen_batch"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.mtp_steps < 0:
@@ -425,6 +464,8 @@ def register(sub) -> None:
     p.add_argument("--frames", type=int, default=8)
     p.add_argument("--size", type=int, default=112, help="frame side in pixels")
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--gen-batch", type=int, default=16, help="answers generated per batched `generate` call "
+                   "(1: one by one through the decoding loop)")
     p.add_argument("--steps", type=int, default=600, help="optimiser steps")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--grad-accum", type=int, default=1)

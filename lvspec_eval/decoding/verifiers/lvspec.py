@@ -14,16 +14,22 @@ For every draft node c (hanging off parent node q; logits row q + 1 judges it):
   lv_loose=topk: c's token is among the target's lv_topk best.
 - PST (position-shift tolerance): when no child of the current node matches or is loosely
   acceptable, but the target's token t there equals a draft token j levels further down
-  (1 <= j <= pst_window: the draft inserted j tokens), commit t (kind PST) and continue the walk
-  from that deeper node. Lossy approximation: the deeper node and everything after it were scored
-  with the j skipped tokens in context and at positions shifted by j, and are judged as if they
-  were not. Their KV entries are therefore dropped: num_cached = the index of the first PST node
-  in the path, and the tokens from there on are re-fed (pending) in the next target forward.
+  (1 <= j <= pst_window: the draft inserted j tokens) on a child's favourite chain (its
+  highest-scored descendants; for a chain draft, the chain itself), and at least `pst_confirm`
+  draft tokens after it match the target exactly, commit t (kind PST) and continue the walk
+  from that deeper node. The confirmation is our guard: without it, in a wide tree the target's
+  token is often found somewhere below by chance, and the shift would only add a token predicted
+  from a context the target never saw. Lossy approximation: the deeper node and everything after
+  it were scored with the j skipped tokens in context and at positions shifted by j, and are
+  judged as if they were not. Their KV entries are therefore dropped: num_cached = the index of
+  the first PST node in the path, and the tokens from there on are re-fed (pending) in the next
+  target forward.
 The walk is greedy on trees: exact child, else the loosely acceptable child the target likes
-best, else the shallowest PST match (ties: the one whose parent gives the target's token the
-highest logit). Ablations: lv_relevance=off (loose
-everywhere, a visually blind loose verifier), pst=off or pst_window=0 (no shifts), lv_threshold=-1
-(strict everywhere: with pst off, token-identical to exact verification).
+best, else the shallowest confirmed PST match (ties: the one whose parent gives the target's
+token the highest logit).
+Ablations: lv_relevance=off (loose everywhere, a visually blind loose verifier), pst=off or
+pst_window=0 (no shifts), lv_threshold=-1 (strict everywhere: with pst off, token-identical to
+exact verification).
 """
 from __future__ import annotations
 
@@ -48,6 +54,7 @@ RULES = {
     "lv_relevance": loose.Option("on", str, "off: loose everywhere (no visual gate)", choices=("on", "off")),
     "pst": loose.Option("on", str, "position-shift tolerance", choices=("on", "off")),
     "pst_window": loose.Option(2, int, "PST: most draft tokens the draft may have inserted", low=0),
+    "pst_confirm": loose.Option(1, int, "PST: exact matches needed after the shifted token", low=0),
 }
 
 
@@ -60,46 +67,77 @@ class Walk:
     num_cached: int
 
 
-def lvspec_walk(parents: torch.Tensor, tokens: list[int], target: list[int], lenient: list[bool],
-                preference: list[float], pst_window: int) -> Walk:
-    """Greedy walk from the root. target[q + 1]: the target's token after node q; lenient[c]: node
-    c may be accepted on a mismatch; preference[c]: the target's logit of c's token at c's parent
-    (picks among lenient siblings and among equally deep PST matches).
+@dataclass(frozen=True)
+class Judged:
+    """What the walk needs to know about each draft node (lists indexed by node)."""
+
+    tokens: list[int]
+    target: list[int]  # target[q + 1]: the target's token after node q (q = -1: the root)
+    lenient: list[bool]  # may be accepted on a mismatch (loose rule passed)
+    preference: list[float]  # the target's logit of the node's token at its parent
+    kids: list[list[int]]  # tree.children(parents), each list by falling draft score
+
+
+def lvspec_walk(j: Judged, pst_window: int, pst_confirm: int = 1) -> Walk:
+    """Greedy walk from the root: exact child, else the lenient child the target prefers, else a
+    confirmed position shift; stop when none applies.
 
     Example (a chain, pst_window=1): draft [5, 9, 7]; the target wants 9 after the root and 7
     after node 1. Node 0 (5) neither matches nor is lenient, but node 1 one level further down
-    carries 9: commit it (PST) and go on from node 1, whose child 7 matches (EXACT):
+    carries 9, and its child 7 matches (the confirmation): commit 9 (PST), then 7 (EXACT):
     Walk(path=[1, 2], kinds=[pst, exact], num_cached=0). The caller appends the target's token.
     """
-    kids = tree.children(parents)
     path, kinds, shift, node = [], [], None, -1
-    while kids[node + 1]:
-        want, options = target[node + 1], kids[node + 1]
-        exact = next((c for c in options if tokens[c] == want), None)
-        lenient_kids = [c for c in options if lenient[c]]
+    while j.kids[node + 1]:
+        want, options = j.target[node + 1], j.kids[node + 1]
+        exact = next((c for c in options if j.tokens[c] == want), None)
+        lenient = [c for c in options if j.lenient[c]]
         if exact is not None:
             node, kind = exact, EXACT
-        elif lenient_kids:
-            node, kind = max(lenient_kids, key=lambda c: preference[c]), LOOSE
+        elif lenient:
+            node, kind = max(lenient, key=lambda c: j.preference[c]), LOOSE
         else:
-            node, kind = _shifted_match(kids, tokens, node, want, pst_window, preference), PST
-            if node is None:
+            hit = _shifted_match(j, node, pst_window, pst_confirm)
+            if hit is None:
                 break
-            shift = len(path) if shift is None else shift
+            node, kind, shift = hit, PST, len(path) if shift is None else shift
         path.append(node)
         kinds.append(kind)
     return Walk(path, kinds, len(path) if shift is None else shift)
 
 
-def _shifted_match(kids, tokens, node: int, want: int, window: int, preference) -> int | None:
-    """The shallowest descendant of `node` 2..window+1 levels down that carries `want`."""
-    level = kids[node + 1]
+def _shifted_match(j: Judged, node: int, window: int, confirm: int) -> int | None:
+    """PST: a node 1..window levels below a child of `node`, on that child's favourite chain (its
+    highest-scored descendants), carrying the target's token after `node`, followed by at least
+    `confirm` exact matches. The shallowest such node wins; ties go to the target's preference."""
+    want = j.target[node + 1]
+    chains = [[c] for c in j.kids[node + 1]]
     for _ in range(window):
-        level = [g for c in level for g in kids[c + 1]]
-        hits = [c for c in level if tokens[c] == want]
+        chains = [ch + [j.kids[ch[-1] + 1][0]] for ch in chains if j.kids[ch[-1] + 1]]
+        hits = [ch[-1] for ch in chains if j.tokens[ch[-1]] == want and _exact_run(j, ch[-1], confirm) >= confirm]
         if hits:
-            return max(hits, key=lambda c: preference[c])
+            return max(hits, key=lambda c: j.preference[c])
     return None
+
+
+def _exact_run(j: Judged, node: int, limit: int) -> int:
+    """How many exact matches follow `node` along the tree (counting stops at `limit`)."""
+    run = 0
+    while run < limit:
+        node = next((c for c in j.kids[node + 1] if j.tokens[c] == j.target[node + 1]), None)
+        if node is None:
+            break
+        run += 1
+    return run
+
+
+def _children_by_score(draft: Draft) -> list[list[int]]:
+    """tree.children, each list sorted by falling draft score (kept in order when unknown)."""
+    kids = tree.children(draft.parents)
+    if draft.scores is None:
+        return kids
+    score = draft.scores.tolist()
+    return [sorted(k, key=lambda c: -score[c]) for k in kids]
 
 
 class LVSpecVerifier:
@@ -138,8 +176,8 @@ class LVSpecVerifier:
         if relevance is not None:
             lenient &= relevance < self.threshold
         preference = logits[rows].float().gather(-1, draft.tokens.view(-1, 1).to(logits.device)).squeeze(-1)
-        walk = lvspec_walk(draft.parents, draft.tokens.tolist(), target.tolist(), lenient.tolist(),
-                           preference.tolist(), self.pst_window)
+        walk = lvspec_walk(Judged(draft.tokens.tolist(), target.tolist(), lenient.tolist(), preference.tolist(),
+                                  _children_by_score(draft)), self.pst_window, self.options["pst_confirm"])
         last = walk.path[-1] if walk.path else -1
         tokens = [int(draft.tokens[c]) for c in walk.path] + [int(target[last + 1])]
         rel = None if relevance is None else [float(relevance[c]) for c in walk.path] + [None]

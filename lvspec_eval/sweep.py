@@ -1,0 +1,323 @@
+"""`lvspec-eval sweep`: LVSpec's knobs against speed and quality on the demo world.
+
+For each setting of lv_threshold, lv_lambda, lv_topn, lv_layer, pst_window (one axis at a time
+around a base setting, or a full grid), the lvspec method runs on the same N caption and N
+multiple-choice samples as `bench` (demo scenes of the test seeds), interleaved per sample with
+vanilla in one process, so speedups are same-process ratios. Reported per setting: decode
+speedup (median over caption samples of the per-token decode-time ratio; MCQ answers are one or
+two tokens, too short to time), tau, caption-fidelity retention (oracle F1 / vanilla's), MCQ
+retention, and visual-fact errors introduced (facts vanilla stated right and the method got
+wrong, plus MCQ answers vanilla had right and the method has wrong). The Pareto front over
+(speedup, mean retention) is marked.
+
+Relevance probe: before the sweep, one target forward per caption over vanilla's own output
+gives every token's visual relevance at every swept (layer, topn); it reports how well relevance
+separates the caption's visual words (colours, shapes, sizes, motions, counts, backgrounds) from
+fillers (AUC), and the threshold that separates them best (Youden's J). `lv_threshold=auto` uses
+that threshold for the setting's own layer and topn, which keeps the layer and topn axes
+comparable (their similarity scales differ).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import bench
+from .backends.loading import load_backend
+from .decoding.types import LOOSE, PST
+from .decoding.verifiers import loose
+from .decoding.verifiers.lvspec import LVSpecVerifier
+from .demo import world
+from .runner import Runner
+
+AXES_HELP = "NAME=v1,v2,... (repeatable); values of one option to sweep"
+VISUAL_WORDS = (set(world.COLOURS) | set(world.SHAPES) | set(world.SIZES) | set(world.BACKGROUNDS)
+                | set(world.COUNT_WORDS[1:]) | set(world.MOTIONS) | {"upward", "downward", "rises", "falls"})
+
+
+# ---- settings -----------------------------------------------------------------------------------
+
+def parse_assignments(items: list[str], many: bool) -> dict:
+    """['a=1,2', 'b=x'] -> {'a': [1, 2], 'b': ['x']} (many) or 'a=1,b=x' items -> {'a': 1, 'b': 'x'}."""
+    out: dict = {}
+    for item in items:
+        for part in ([item] if many else filter(None, item.split(","))):
+            if "=" not in part:
+                raise ValueError(f"expected NAME=value, got {part!r}")
+            name, value = (s.strip() for s in part.split("=", 1))
+            out[name] = [bench._typed(v) for v in value.split(",")] if many else bench._typed(value)
+    return out
+
+
+def make_settings(base: dict, axes: dict[str, list], mode: str, also: list[dict]) -> list[dict]:
+    """Option dicts to run: `base` with one axis varied at a time (axes) or every combination
+    (grid), then the `also` extras (merged into base); duplicates dropped, order kept."""
+    if mode == "grid":
+        combos = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+        runs = [{**base, **c} for c in combos] or [dict(base)]
+    else:
+        runs = [dict(base)] + [{**base, name: v} for name, values in axes.items() for v in values]
+    runs += [{**base, **extra} for extra in also]
+    unique = {json.dumps(r, sort_keys=True): r for r in runs}
+    for r in unique.values():
+        LVSpecVerifier.from_options({k: v for k, v in r.items() if v != "auto"})  # fail before any run
+    return list(unique.values())
+
+
+def setting_name(options: dict, base: dict) -> str:
+    diff = {k: v for k, v in options.items() if base.get(k) != v}
+    return ",".join(f"{k}={v}" for k, v in diff.items()) or "base"
+
+
+# ---- relevance probe ----------------------------------------------------------------------------
+
+@torch.no_grad()
+def token_relevance(target, sample: dict, tokens: list[int], layers: list[int], topns: list[int]) -> dict:
+    """(layer, topn) -> [len(tokens)] relevance of each generated token, read at the token's own
+    row (the hidden state that has read it), as the LVSpec verifier reads a draft node."""
+    inputs = target.prepare(sample["prompt"], [(sample["video"].frames, sample["video"].fps)])
+    state, _ = target.prefill(inputs, hidden_layers=layers)
+    n = len(tokens)
+    _, hidden = target.forward(state, torch.tensor(tokens), torch.arange(n),
+                               torch.tril(torch.ones(n, n, dtype=torch.bool)), hidden_layers=layers)
+    out = {}
+    for layer in layers:
+        unit = loose.unit_rows(state.visual_hidden[layer])
+        for topn in topns:
+            out[(layer, topn)] = loose.visual_relevance(hidden[layer], unit, topn).tolist()
+    return out
+
+
+def separation(visual: list[float], filler: list[float]) -> dict:
+    """AUC of relevance for visual vs filler tokens and the Youden-optimal threshold."""
+    if not visual or not filler:
+        return {"auc": None, "threshold": None, "visual_mean": None, "filler_mean": None}
+    auc = statistics.fmean(float(v > f) + 0.5 * float(v == f) for v in visual for f in filler)
+    best, threshold = -1.0, 0.0
+    for t in sorted(set(visual)):
+        j = statistics.fmean(v >= t for v in visual) - statistics.fmean(f >= t for f in filler)
+        best, threshold = (j, t) if j > best else (best, threshold)
+    return {"auc": auc, "threshold": threshold, "visual_mean": statistics.fmean(visual),
+            "filler_mean": statistics.fmean(filler)}
+
+
+def probe(target, samples: list[dict], vanilla: list[dict], layers: list[int], topns: list[int]) -> dict:
+    """'layer,topn' -> separation() over the caption samples' vanilla outputs."""
+    pools: dict = {}
+    for sample, rec in zip(samples, vanilla):
+        if sample["answer"] is not None or not rec["tokens"]:
+            continue
+        words = [target.tokenizer.decode([t]).strip().lower() for t in rec["tokens"]]
+        for key, rel in token_relevance(target, sample, rec["tokens"], layers, topns).items():
+            vis, fil = pools.setdefault(key, ([], []))
+            for word, r in zip(words, rel):
+                (vis if word in VISUAL_WORDS else fil).append(r)
+    return {f"{layer},{topn}": separation(*pools[(layer, topn)]) for layer, topn in pools}
+
+
+def resolve_auto(options: dict, calibration: dict) -> dict:
+    """lv_threshold=auto -> the probe's threshold for this setting's layer and topn."""
+    if options.get("lv_threshold") != "auto":
+        return options
+    defaults = LVSpecVerifier.OPTIONS
+    key = f"{options.get('lv_layer', defaults['lv_layer'])},{options.get('lv_topn', defaults['lv_topn'])}"
+    found = calibration.get(key, {}).get("threshold")
+    if found is None:
+        raise ValueError(f"lv_threshold=auto: the relevance probe has no threshold for layer,topn={key}")
+    return {**options, "lv_threshold": round(found, 4)}
+
+
+# ---- running and scoring ------------------------------------------------------------------------
+
+def run_all(runners: dict[str, Runner], samples: list[dict], max_new_tokens: int) -> dict[str, list[dict]]:
+    """Every runner on every sample, in rotating order per sample (drift hits all alike)."""
+    names = list(runners)
+    for r in runners.values():  # warm-up, untimed
+        r.generate(samples[0]["prompt"], [samples[0]["video"]], 4)
+    records: dict[str, list[dict]] = {n: [] for n in names}
+    for i, s in enumerate(tqdm(samples, desc="sweep", unit="sample")):
+        limit = max_new_tokens if s["answer"] is None else min(8, max_new_tokens)
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            gen = runners[name].generate(s["prompt"], [s["video"]], limit)
+            records[name].append(dict(gen.stats, quality=bench.quality(s, gen.text), text=gen.text))
+    return records
+
+
+def correct_facts(text: str, scene: world.Scene) -> set[str]:
+    """The scene facts a caption states correctly: count, background, object k's attributes."""
+    facts = world.caption_facts(text)
+    right = set()
+    if facts.count == world.COUNT_WORDS[len(scene.objects)]:
+        right.add("count")
+    if facts.background == scene.background:
+        right.add("background")
+    for k, (mention, obj) in enumerate(zip(facts.objects, scene.objects)):
+        right |= {f"object{k}.{a}" for a, v in mention.items() if v is not None and getattr(obj, a) == v}
+    return right
+
+
+def facts_lost(samples: list[dict], recs: list[dict], base: list[dict]) -> int:
+    """Facts (caption facts, MCQ answers) vanilla had right that these records have wrong."""
+    lost = 0
+    for s, r, b in zip(samples, recs, base):
+        if s["answer"] is None:
+            lost += len(correct_facts(b["text"], s["scene"]) - correct_facts(r["text"], s["scene"]))
+        else:
+            lost += int(b["quality"] > r["quality"])
+    return lost
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def summarise(samples: list[dict], recs: list[dict], base: list[dict]) -> dict:
+    caps = [i for i, s in enumerate(samples) if s["answer"] is None]
+    mcq = [i for i, s in enumerate(samples) if s["answer"] is not None]
+    per_tok = lambda r: r["decode_s"] / max(1, r["num_new_tokens"])  # noqa: E731
+    ratios = [per_tok(base[i]) / per_tok(recs[i]) for i in caps if recs[i]["decode_s"] > 0]
+    steps = sum(r["num_steps"] for r in recs)
+    kinds = [k for r in recs for k in r["kinds"]]
+    f1, f1_base = _mean([recs[i]["quality"] for i in caps]), _mean([base[i]["quality"] for i in caps])
+    acc, acc_base = _mean([recs[i]["quality"] for i in mcq]), _mean([base[i]["quality"] for i in mcq])
+    row = {
+        "decode_speedup": statistics.median(ratios) if ratios else None,
+        "tau": sum(sum(r["accepted_lengths"]) for r in recs) / max(1, steps),
+        "caption_f1": f1, "caption_retention": f1 / f1_base if f1 is not None and f1_base else None,
+        "mcq_accuracy": acc, "mcq_retention": acc / acc_base if acc is not None and acc_base else None,
+        "facts_lost": facts_lost(samples, recs, base),
+        "exact_match_rate": _mean([float(r["tokens"] == b["tokens"]) for r, b in zip(recs, base)]),
+        "loose_share": kinds.count(LOOSE) / max(1, len(kinds)), "pst_share": kinds.count(PST) / max(1, len(kinds)),
+    }
+    kept = [v for v in (row["caption_retention"], row["mcq_retention"]) if v is not None]
+    row["retention"] = _mean(kept)
+    return row
+
+
+def mark_pareto(rows: dict[str, dict]) -> None:
+    """rows[name]['pareto'] = no other row is at least as fast and as good, and better in one."""
+    def point(r):
+        return (r["decode_speedup"] or 0.0, r["retention"] if r["retention"] is not None else 0.0)
+
+    for name, row in rows.items():
+        s, q = point(row)
+        row["pareto"] = not any((s2 >= s and q2 >= q) and (s2 > s or q2 > q)
+                                for other, r in rows.items() if other != name for s2, q2 in [point(r)])
+
+
+# ---- driver -------------------------------------------------------------------------------------
+
+def _probe_keys(settings: list[dict]) -> tuple[list[int], list[int]]:
+    d = LVSpecVerifier.OPTIONS
+    layers = sorted({s.get("lv_layer", d["lv_layer"]) for s in settings})
+    return layers, sorted({s.get("lv_topn", d["lv_topn"]) for s in settings})
+
+
+def run(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    load = dict(device=args.device, dtype=args.dtype)
+    target, draft = load_backend(args.model, **load), load_backend(args.draft, **load)
+    samples = bench.make_samples("synthvid_caption", args.limit) + bench.make_samples("synthvid_mcq", args.limit)
+    base = {**LVSpecVerifier.OPTIONS, **parse_assignments(args.base if args.base is not None else DEFAULT_BASE,
+                                                          many=False)}
+    axes = parse_assignments(args.vary if args.vary is not None else DEFAULT_AXES, many=True)
+    also = [parse_assignments([a], many=False) for a in (args.also if args.also is not None else DEFAULT_ALSO)]
+    settings = make_settings(base, axes, args.mode, also)
+    vanilla = Runner(args.model, "vanilla", target_backend=target, **load)
+    calibration = {}
+    if not args.no_probe:
+        first = [dict(vanilla.generate(s["prompt"], [s["video"]], args.max_new_tokens).stats) for s in samples
+                 if s["answer"] is None]
+        caps = [s for s in samples if s["answer"] is None]
+        calibration = probe(target, caps, first, *_probe_keys(settings))
+    runners = {"vanilla": vanilla}
+    names, auto = {}, []
+    for options in settings:
+        name = setting_name(options, base)
+        names[name] = resolve_auto(options, calibration)
+        if options.get("lv_threshold") == "auto":
+            auto.append(name)
+        runners[name] = Runner(args.model, "lvspec", draft=args.draft, options={**names[name], **args.tree},
+                               target_backend=target, draft_backend=draft, **load)
+    records = run_all(runners, samples, args.max_new_tokens)
+    rows = {n: summarise(samples, recs, records["vanilla"]) for n, recs in records.items()}
+    mark_pareto(rows)
+    return {"limit": args.limit, "max_new_tokens": args.max_new_tokens, "base": base, "settings": names, "auto": auto,
+            "rows": rows, "relevance_probe": calibration, "env": bench.environment(target.device),
+            "records": records if args.keep_records else None}
+
+
+def _fmt(value, pct: bool = False) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{100 * value:.1f}%" if pct else f"{value:.3f}"
+    return str(value)
+
+
+def format_markdown(result: dict) -> str:
+    cols = [("decode_speedup", False), ("tau", False), ("caption_f1", False), ("caption_retention", True),
+            ("mcq_accuracy", False), ("mcq_retention", True), ("facts_lost", False), ("loose_share", True),
+            ("pst_share", True), ("exact_match_rate", True)]
+    lines = [f"LVSpec sweep: {result['limit']} caption + {result['limit']} MCQ demo samples, "
+             f"max_new_tokens {result['max_new_tokens']}; base: "
+             + ", ".join(f"{k}={v}" for k, v in result["base"].items()) + ". * = Pareto front (speedup, retention).",
+             "", "| setting | " + " | ".join(c for c, _ in cols) + " | pareto |", "|---" * (len(cols) + 2) + "|"]
+    for name, row in result["rows"].items():
+        cells = [_fmt(row[c], pct) for c, pct in cols]
+        resolved = result["settings"].get(name, {})
+        label = name + (f" (lv_threshold={resolved['lv_threshold']})" if name in result["auto"] else "")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {'*' if row['pareto'] else ''} |")
+    if result["relevance_probe"]:
+        lines += ["", "Relevance probe (vanilla captions): visual words vs fillers", "",
+                  "| layer,topn | AUC | best threshold | visual mean | filler mean |", "|---|---|---|---|---|"]
+        for key, sep in result["relevance_probe"].items():
+            lines.append(f"| {key} | " + " | ".join(_fmt(sep[k]) for k in ("auc", "threshold", "visual_mean",
+                                                                         "filler_mean")) + " |")
+    return "\n".join(lines)
+
+
+def _main(args: argparse.Namespace) -> int:
+    args.tree = parse_assignments(args.tree_options, many=False)
+    result = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (out / "sweep.md").write_text(format_markdown(result) + "\n")
+    print(format_markdown(result))
+    return 0
+
+
+DEFAULT_BASE = ["lv_threshold=auto"]
+DEFAULT_AXES = ["lv_threshold=auto,0.1,0.3", "lv_lambda=0.1,0.6", "lv_topn=2,32", "lv_layer=4,8", "pst_window=0,4"]
+DEFAULT_ALSO = ["lv_relevance=off"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="LVSpec thresholds vs speed and quality on the demo world (Pareto table)")
+    p.add_argument("--model", default="demo", help="target: demo or a local folder")
+    p.add_argument("--draft", default="demo-draft", help="draft model (the lvspec method's pruned-video drafter)")
+    p.add_argument("--limit", type=int, default=6, help="caption samples and MCQ samples (N each)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--mode", choices=("axes", "grid"), default="axes",
+                   help="axes: vary one option at a time around --base; grid: every combination of --vary")
+    p.add_argument("--vary", action="append", default=None,
+                   help=f"{AXES_HELP}; lv_threshold=auto uses the relevance probe (default: {' '.join(DEFAULT_AXES)})")
+    p.add_argument("--base", action="append", default=None, help="NAME=value,... base LVSpec options over the "
+                   f"verifier's defaults (default: {' '.join(DEFAULT_BASE)})")
+    p.add_argument("--also", action="append", default=None,
+                   help=f"extra settings NAME=value,... merged into base (default: {' '.join(DEFAULT_ALSO)})")
+    p.add_argument("--tree-options", action="append", default=[], help="tree_*/prune_* options, NAME=value,...")
+    p.add_argument("--no-probe", action="store_true", help="skip the relevance probe (no lv_threshold=auto)")
+    p.add_argument("--keep-records", action="store_true", help="store per-sample records in sweep.json")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="results/sweep", help="folder for sweep.json and sweep.md")
+    p.set_defaults(func=_main)
