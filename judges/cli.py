@@ -73,7 +73,9 @@ def _add_judge_options(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace, **extra: object) -> JudgeConfig:
     names = ("model", "base_url", "api_type", "response_format", "max_concurrency", "max_retries",
              "parse_retries", "max_tokens", "seed")
-    return JudgeConfig.from_env(**{n: getattr(args, n) for n in names}, **extra)
+    settings = {n: getattr(args, n) for n in names}
+    settings.update(extra)  # what --serve started wins over the options
+    return JudgeConfig.from_env(**settings)
 
 
 @contextlib.contextmanager

@@ -364,3 +364,13 @@ def test_judge_command_writes_scores_keyed_by_task_and_doc_id(tmp_path, monkeypa
 def test_judge_command_rejects_a_missing_path(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         judge_cli.sample_files([tmp_path / "nope"])
+
+
+def test_served_judge_settings_win_over_unset_options():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    judge_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["judge-check", "--serve"])
+    config = judge_cli._config(args, base_url="http://127.0.0.1:9/v1", model="smollm2", api_type="openai")
+    assert (config.base_url, config.model, config.response_format) == ("http://127.0.0.1:9/v1", "smollm2", "auto")
