@@ -11,11 +11,12 @@ wrong, plus MCQ answers vanilla had right and the method has wrong). The Pareto 
 (speedup, mean retention) is marked.
 
 Relevance probe: before the sweep, one target forward per caption over vanilla's own output
-gives every token's visual relevance at every swept (layer, topn); it reports how well relevance
+gives every token's visual relevance under each swept relevance setting (lv_layer, lv_topn,
+lv_anchor, lv_center), computed by the verifier's own code; it reports how well relevance
 separates the caption's visual words (colours, shapes, sizes, motions, counts, backgrounds) from
-fillers (AUC), and the threshold that separates them best (Youden's J). `lv_threshold=auto` uses
-that threshold for the setting's own layer and topn, which keeps the layer and topn axes
-comparable (their similarity scales differ).
+fillers (AUC), and the threshold that separates them best (Youden's J). `lv_threshold=auto`
+(or auto+X / auto-X) uses that threshold for the setting's own relevance settings, which keeps
+those axes comparable (their similarity scales differ).
 """
 from __future__ import annotations
 
@@ -30,13 +31,18 @@ from tqdm import tqdm
 
 from . import bench
 from .backends.loading import load_backend
-from .decoding.types import LOOSE, PST
-from .decoding.verifiers import loose
+from .decoding import tree
+from .decoding.types import LOOSE, PST, Draft, Scores
 from .decoding.verifiers.lvspec import LVSpecVerifier
 from .demo import world
 from .runner import Runner
 
 AXES_HELP = "NAME=v1,v2,... (repeatable); values of one option to sweep"
+# The default sweep (axes mode, about 15 settings + vanilla; about 10 minutes on 2 CPU cores at --limit 6)
+DEFAULT_BASE = ["lv_threshold=auto"]
+DEFAULT_AXES = ["lv_threshold=auto-0.1,auto+0.1", "lv_lambda=0.0,0.05,0.1", "lv_topn=1,32", "lv_layer=2,4,8",
+                "lv_anchor=node", "lv_center=none", "pst_window=0,4"]
+DEFAULT_ALSO = ["lv_relevance=off", "lv_relevance=off,lv_lambda=0.0"]  # the visually blind loose verifier
 VISUAL_WORDS = (set(world.COLOURS) | set(world.SHAPES) | set(world.SIZES) | set(world.BACKGROUNDS)
                 | set(world.COUNT_WORDS[1:]) | set(world.MOTIONS) | {"upward", "downward", "rises", "falls"})
 
@@ -66,7 +72,7 @@ def make_settings(base: dict, axes: dict[str, list], mode: str, also: list[dict]
     runs += [{**base, **extra} for extra in also]
     unique = {json.dumps(r, sort_keys=True): r for r in runs}
     for r in unique.values():
-        LVSpecVerifier.from_options({k: v for k, v in r.items() if v != "auto"})  # fail before any run
+        LVSpecVerifier.from_options({k: v for k, v in r.items() if not str(v).startswith("auto")})  # fail early
     return list(unique.values())
 
 
@@ -77,21 +83,27 @@ def setting_name(options: dict, base: dict) -> str:
 
 # ---- relevance probe ----------------------------------------------------------------------------
 
+PROBE_KEYS = ("lv_layer", "lv_topn", "lv_anchor", "lv_center")  # what relevance depends on
+
+
+def probe_key(options: dict) -> str:
+    merged = {**LVSpecVerifier.OPTIONS, **options}
+    return ",".join(str(merged[k]) for k in PROBE_KEYS)
+
+
 @torch.no_grad()
-def token_relevance(target, sample: dict, tokens: list[int], layers: list[int], topns: list[int]) -> dict:
-    """(layer, topn) -> [len(tokens)] relevance of each generated token, read at the token's own
-    row (the hidden state that has read it), as the LVSpec verifier reads a draft node."""
+def token_relevance(target, sample: dict, tokens: list[int], verifiers: dict[str, LVSpecVerifier]) -> dict:
+    """probe key -> relevance of tokens[1:], computed by each verifier exactly as in decoding: the
+    generated text is fed as a chain hanging off its first token (the root)."""
     inputs = target.prepare(sample["prompt"], [(sample["video"].frames, sample["video"].fps)])
+    layers = sorted({v.layer for v in verifiers.values()})
     state, _ = target.prefill(inputs, hidden_layers=layers)
     n = len(tokens)
     _, hidden = target.forward(state, torch.tensor(tokens), torch.arange(n),
                                torch.tril(torch.ones(n, n, dtype=torch.bool)), hidden_layers=layers)
-    out = {}
-    for layer in layers:
-        unit = loose.unit_rows(state.visual_hidden[layer])
-        for topn in topns:
-            out[(layer, topn)] = loose.visual_relevance(hidden[layer], unit, topn).tolist()
-    return out
+    chain = Draft(tokens=torch.tensor(tokens[1:]), parents=tree.chain_parents(n - 1))
+    scores = Scores(logits=torch.zeros(0), hidden=hidden, num_pending=1)
+    return {key: v.relevance(chain, scores, state.visual_hidden).tolist() for key, v in verifiers.items()}
 
 
 def separation(visual: list[float], filler: list[float]) -> dict:
@@ -107,30 +119,34 @@ def separation(visual: list[float], filler: list[float]) -> dict:
             "filler_mean": statistics.fmean(filler)}
 
 
-def probe(target, samples: list[dict], vanilla: list[dict], layers: list[int], topns: list[int]) -> dict:
-    """'layer,topn' -> separation() over the caption samples' vanilla outputs."""
-    pools: dict = {}
+def probe(target, samples: list[dict], vanilla: list[dict], settings: list[dict]) -> dict:
+    """probe key -> separation() of relevance over the caption samples' vanilla outputs."""
+    verifiers = {probe_key(s): LVSpecVerifier(**{k: v for k, v in s.items() if k in PROBE_KEYS}) for s in settings
+                 if s.get("lv_relevance", "on") == "on"}
+    pools: dict = {key: ([], []) for key in verifiers}
     for sample, rec in zip(samples, vanilla):
-        if sample["answer"] is not None or not rec["tokens"]:
+        if sample["answer"] is not None or len(rec["tokens"]) < 2:
             continue
-        words = [target.tokenizer.decode([t]).strip().lower() for t in rec["tokens"]]
-        for key, rel in token_relevance(target, sample, rec["tokens"], layers, topns).items():
-            vis, fil = pools.setdefault(key, ([], []))
+        words = [target.tokenizer.decode([t]).strip().lower() for t in rec["tokens"][1:]]
+        for key, rel in token_relevance(target, sample, rec["tokens"], verifiers).items():
             for word, r in zip(words, rel):
-                (vis if word in VISUAL_WORDS else fil).append(r)
-    return {f"{layer},{topn}": separation(*pools[(layer, topn)]) for layer, topn in pools}
+                pools[key][0 if word in VISUAL_WORDS else 1].append(r)
+    return {key: separation(*pool) for key, pool in pools.items()}
 
 
 def resolve_auto(options: dict, calibration: dict) -> dict:
-    """lv_threshold=auto -> the probe's threshold for this setting's layer and topn."""
-    if options.get("lv_threshold") != "auto":
+    """lv_threshold=auto[+-offset] -> the probe's best threshold for this setting (plus offset)."""
+    value = options.get("lv_threshold")
+    if not (isinstance(value, str) and value.startswith("auto")):
         return options
-    defaults = LVSpecVerifier.OPTIONS
-    key = f"{options.get('lv_layer', defaults['lv_layer'])},{options.get('lv_topn', defaults['lv_topn'])}"
-    found = calibration.get(key, {}).get("threshold")
+    found = calibration.get(probe_key(options), {}).get("threshold")
     if found is None:
-        raise ValueError(f"lv_threshold=auto: the relevance probe has no threshold for layer,topn={key}")
-    return {**options, "lv_threshold": round(found, 4)}
+        raise ValueError(f"lv_threshold={value}: the relevance probe has no threshold for {probe_key(options)}")
+    try:
+        offset = float(value[4:] or 0)
+    except ValueError as err:
+        raise ValueError(f"lv_threshold={value!r}: expected auto, auto+X or auto-X") from err
+    return {**options, "lv_threshold": round(min(1.0, max(-1.0, found + offset)), 4)}
 
 
 # ---- running and scoring ------------------------------------------------------------------------
@@ -138,8 +154,8 @@ def resolve_auto(options: dict, calibration: dict) -> dict:
 def run_all(runners: dict[str, Runner], samples: list[dict], max_new_tokens: int) -> dict[str, list[dict]]:
     """Every runner on every sample, in rotating order per sample (drift hits all alike)."""
     names = list(runners)
-    for r in runners.values():  # warm-up, untimed
-        r.generate(samples[0]["prompt"], [samples[0]["video"]], 4)
+    for r in runners.values():  # warm-up at full length, untimed: the first run of each tree and
+        r.generate(samples[0]["prompt"], [samples[0]["video"]], max_new_tokens)  # cache shape is slow
     records: dict[str, list[dict]] = {n: [] for n in names}
     for i, s in enumerate(tqdm(samples, desc="sweep", unit="sample")):
         limit = max_new_tokens if s["answer"] is None else min(8, max_new_tokens)
@@ -177,11 +193,14 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def _per_token(record: dict) -> float:
+    return record["decode_s"] / max(1, record["num_new_tokens"])
+
+
 def summarise(samples: list[dict], recs: list[dict], base: list[dict]) -> dict:
     caps = [i for i, s in enumerate(samples) if s["answer"] is None]
     mcq = [i for i, s in enumerate(samples) if s["answer"] is not None]
-    per_tok = lambda r: r["decode_s"] / max(1, r["num_new_tokens"])  # noqa: E731
-    ratios = [per_tok(base[i]) / per_tok(recs[i]) for i in caps if recs[i]["decode_s"] > 0]
+    ratios = [_per_token(base[i]) / _per_token(recs[i]) for i in caps if recs[i]["decode_s"] > 0]
     steps = sum(r["num_steps"] for r in recs)
     kinds = [k for r in recs for k in r["kinds"]]
     f1, f1_base = _mean([recs[i]["quality"] for i in caps]), _mean([base[i]["quality"] for i in caps])
@@ -213,43 +232,47 @@ def mark_pareto(rows: dict[str, dict]) -> None:
 
 # ---- driver -------------------------------------------------------------------------------------
 
-def _probe_keys(settings: list[dict]) -> tuple[list[int], list[int]]:
-    d = LVSpecVerifier.OPTIONS
-    layers = sorted({s.get("lv_layer", d["lv_layer"]) for s in settings})
-    return layers, sorted({s.get("lv_topn", d["lv_topn"]) for s in settings})
+def build_runners(args, target, draft, settings: list[dict], base: dict, calibration: dict) -> tuple[dict, dict]:
+    """(name -> Runner with vanilla first, name -> resolved options) sharing the loaded models."""
+    load = {"device": args.device, "dtype": args.dtype}
+    runners = {"vanilla": Runner(args.model, "vanilla", target_backend=target, **load)}
+    resolved = {}
+    for options in settings:
+        name = setting_name(options, base)
+        resolved[name] = resolve_auto(options, calibration)
+        runners[name] = Runner(args.model, "lvspec", draft=args.draft, options={**resolved[name], **args.tree},
+                               target_backend=target, draft_backend=draft, **load)
+    return runners, resolved
+
+
+def calibrate(args, target, samples: list[dict], settings: list[dict]) -> dict:
+    """The relevance probe over vanilla's captions (empty with --no-probe)."""
+    if args.no_probe:
+        return {}
+    vanilla = Runner(args.model, "vanilla", target_backend=target, device=args.device, dtype=args.dtype)
+    caps = [s for s in samples if s["answer"] is None]
+    outs = [dict(vanilla.generate(s["prompt"], [s["video"]], args.max_new_tokens).stats) for s in caps]
+    return probe(target, caps, outs, settings)
 
 
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
-    load = dict(device=args.device, dtype=args.dtype)
-    target, draft = load_backend(args.model, **load), load_backend(args.draft, **load)
+    target = load_backend(args.model, device=args.device, dtype=args.dtype)
+    draft = load_backend(args.draft, device=args.device, dtype=args.dtype)
     samples = bench.make_samples("synthvid_caption", args.limit) + bench.make_samples("synthvid_mcq", args.limit)
     base = {**LVSpecVerifier.OPTIONS, **parse_assignments(args.base if args.base is not None else DEFAULT_BASE,
                                                           many=False)}
     axes = parse_assignments(args.vary if args.vary is not None else DEFAULT_AXES, many=True)
     also = [parse_assignments([a], many=False) for a in (args.also if args.also is not None else DEFAULT_ALSO)]
     settings = make_settings(base, axes, args.mode, also)
-    vanilla = Runner(args.model, "vanilla", target_backend=target, **load)
-    calibration = {}
-    if not args.no_probe:
-        first = [dict(vanilla.generate(s["prompt"], [s["video"]], args.max_new_tokens).stats) for s in samples
-                 if s["answer"] is None]
-        caps = [s for s in samples if s["answer"] is None]
-        calibration = probe(target, caps, first, *_probe_keys(settings))
-    runners = {"vanilla": vanilla}
-    names, auto = {}, []
-    for options in settings:
-        name = setting_name(options, base)
-        names[name] = resolve_auto(options, calibration)
-        if options.get("lv_threshold") == "auto":
-            auto.append(name)
-        runners[name] = Runner(args.model, "lvspec", draft=args.draft, options={**names[name], **args.tree},
-                               target_backend=target, draft_backend=draft, **load)
+    calibration = calibrate(args, target, samples, settings)
+    runners, resolved = build_runners(args, target, draft, settings, base, calibration)
     records = run_all(runners, samples, args.max_new_tokens)
     rows = {n: summarise(samples, recs, records["vanilla"]) for n, recs in records.items()}
     mark_pareto(rows)
-    return {"limit": args.limit, "max_new_tokens": args.max_new_tokens, "base": base, "settings": names, "auto": auto,
-            "rows": rows, "relevance_probe": calibration, "env": bench.environment(target.device),
+    auto = [n for n, o in zip(resolved, settings) if str(o.get("lv_threshold")).startswith("auto")]
+    return {"limit": args.limit, "max_new_tokens": args.max_new_tokens, "base": base, "settings": resolved,
+            "auto": auto, "rows": rows, "relevance_probe": calibration, "env": bench.environment(target.device),
             "records": records if args.keep_records else None}
 
 
@@ -272,11 +295,12 @@ def format_markdown(result: dict) -> str:
     for name, row in result["rows"].items():
         cells = [_fmt(row[c], pct) for c, pct in cols]
         resolved = result["settings"].get(name, {})
-        label = name + (f" (lv_threshold={resolved['lv_threshold']})" if name in result["auto"] else "")
+        auto = name in result["auto"] and resolved.get("lv_relevance") == "on"
+        label = name + (f" (lv_threshold={resolved['lv_threshold']})" if auto else "")
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {'*' if row['pareto'] else ''} |")
     if result["relevance_probe"]:
         lines += ["", "Relevance probe (vanilla captions): visual words vs fillers", "",
-                  "| layer,topn | AUC | best threshold | visual mean | filler mean |", "|---|---|---|---|---|"]
+                  f"| {','.join(PROBE_KEYS)} | AUC | best threshold | visual mean | filler mean |", "|---|---|---|---|---|"]
         for key, sep in result["relevance_probe"].items():
             lines.append(f"| {key} | " + " | ".join(_fmt(sep[k]) for k in ("auc", "threshold", "visual_mean",
                                                                          "filler_mean")) + " |")
@@ -292,11 +316,6 @@ def _main(args: argparse.Namespace) -> int:
     (out / "sweep.md").write_text(format_markdown(result) + "\n")
     print(format_markdown(result))
     return 0
-
-
-DEFAULT_BASE = ["lv_threshold=auto"]
-DEFAULT_AXES = ["lv_threshold=auto,0.1,0.3", "lv_lambda=0.1,0.6", "lv_topn=2,32", "lv_layer=4,8", "pst_window=0,4"]
-DEFAULT_ALSO = ["lv_relevance=off"]
 
 
 def register(sub) -> None:

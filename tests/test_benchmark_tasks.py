@@ -428,3 +428,14 @@ def test_judged_tasks_against_the_real_local_judge(roots, monkeypatch, tmp_path)
         assert (value["judge_score"] is None) == (value["judge_error"] is not None)  # a score, or why not
         if value["judge_score"] is not None:
             assert 0 <= value["score"] <= 5
+
+
+def test_dry_run_registers_its_sub_command():
+    import argparse
+
+    from lvspec_eval import dry_run as dr
+
+    parser = argparse.ArgumentParser()
+    dr.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["dry-run", "--model_args", "pretrained=demo", "--tasks", "vdc"])
+    assert args.func is dr.run and args.videos == 3 and args.include_path == "tasks"

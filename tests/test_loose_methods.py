@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
+from lvspec_eval import sweep
 from lvspec_eval.backends.base import Backend
 from lvspec_eval.backends.qwen2_5_vl import QwenVLBackend
 from lvspec_eval.backends.qwen_vision import VisionPreprocessConfig
@@ -110,3 +111,37 @@ def test_pst_steps_refeed_their_tokens_correctly(pair, video):
     assert PST in out.kinds  # a random draft's wide tree holds the target's token deeper down
     assert len(out.kinds) == len(out.tokens) and set(out.kinds) <= {EXACT, PST, TARGET}
     _first_tokens_are_greedy(target, video, out)
+
+
+# ---- the sweep's pure parts ----------------------------------------------------------------------
+
+def test_sweep_settings_vary_one_axis_at_a_time_or_all():
+    base = {"lv_threshold": "auto", "lv_lambda": 0.3}
+    axes = {"lv_lambda": [0.1, 0.3], "pst_window": [0]}
+    runs = sweep.make_settings(base, axes, "axes", [{"lv_relevance": "off"}])
+    assert runs == [base, {**base, "lv_lambda": 0.1}, {**base, "pst_window": 0}, {**base, "lv_relevance": "off"}]
+    assert [sweep.setting_name(r, base) for r in runs] == ["base", "lv_lambda=0.1", "pst_window=0", "lv_relevance=off"]
+    assert len(sweep.make_settings(base, axes, "grid", [])) == 2
+    with pytest.raises(ValueError, match="lv_lambda=2"):
+        sweep.make_settings(base, {"lv_lambda": [2]}, "axes", [])
+
+
+def test_sweep_auto_threshold_comes_from_the_probe():
+    key = sweep.probe_key({"lv_layer": 2})
+    calibration = {key: {"threshold": 0.6}}
+    assert sweep.resolve_auto({"lv_layer": 2, "lv_threshold": "auto-0.1"}, calibration)["lv_threshold"] == 0.5
+    assert sweep.resolve_auto({"lv_threshold": 0.2}, {}) == {"lv_threshold": 0.2}
+    with pytest.raises(ValueError, match="no threshold"):
+        sweep.resolve_auto({"lv_layer": 4, "lv_threshold": "auto"}, calibration)
+
+
+def test_sweep_scores_facts_separation_and_pareto():
+    scene = world.make_scene(3)
+    right = sweep.correct_facts(world.make_caption(scene), scene)
+    assert {"count", "background", "object0.colour", "object0.shape"} <= right
+    assert sweep.separation([0.9, 0.8], [0.1, 0.2])["auc"] == 1.0
+    assert sweep.separation([0.5], [0.5])["auc"] == 0.5
+    rows = {"a": {"decode_speedup": 1.0, "retention": 1.0}, "b": {"decode_speedup": 2.0, "retention": 0.9},
+            "c": {"decode_speedup": 1.5, "retention": 0.8}}
+    sweep.mark_pareto(rows)
+    assert [n for n, r in rows.items() if r["pareto"]] == ["a", "b"]

@@ -171,4 +171,4 @@ def test_yamls_load_offline_in_lmms_eval(small, monkeypatch, task_type):
     caption, mcq = tasks["synthvid_caption"], tasks["synthvid_mcq"]
     assert caption.config.generation_kwargs["max_new_tokens"] == 64
     assert mcq.config.generation_kwargs["max_new_tokens"] == 4
-    assert [m["metric"] for m in caption.config.metric_list][0] == "fidelity_f1"
+    assert caption.config.metric_list[0]["metric"] == "fidelity_f1"

@@ -52,16 +52,19 @@ def chain(tokens: list[int]) -> Draft:
     return Draft(tokens=torch.tensor(tokens), parents=tree.chain_parents(len(tokens)))
 
 
-def scores(rows: list[dict], node_hidden: list[torch.Tensor] | None = None, num_pending: int = 1) -> Scores:
-    """Scores with hidden states at LAYER: pending rows point at the video (they must be ignored)."""
+def scores(rows: list[dict], node_hidden: list[torch.Tensor] | None = None, num_pending: int = 1,
+           root: torch.Tensor = ON_VIDEO) -> Scores:
+    """Scores with hidden states at LAYER: pending rows, the last of which (the root) is `root`."""
     hidden = {}
     if node_hidden is not None:
-        hidden[LAYER] = torch.stack([ON_VIDEO] * num_pending + list(node_hidden))
+        hidden[LAYER] = torch.stack([ON_VIDEO] * (num_pending - 1) + [root] + list(node_hidden))
     return Scores(logits=make_logits(rows), hidden=hidden, num_pending=num_pending)
 
 
 def lvspec(**options) -> LVSpecVerifier:
-    base = {"lv_layer": LAYER, "lv_topn": 1, "lv_threshold": 0.5, "lv_lambda": 0.3, "pst_window": 0}
+    """Relevance read at the node's own row, raw cosines (the hand-made geometry above)."""
+    base = {"lv_layer": LAYER, "lv_topn": 1, "lv_threshold": 0.5, "lv_lambda": 0.3, "pst_window": 0,
+            "lv_anchor": "node", "lv_center": "none"}
     return LVSpecVerifier(**{**base, **options})
 
 
@@ -150,6 +153,30 @@ def test_lvspec_is_strict_on_visually_relevant_tokens():
     assert lenient.relevance == [pytest.approx(0.0), pytest.approx(0.0), None]
 
 
+def test_lvspec_parent_anchor_judges_the_slot_not_the_token():
+    rows = [ratio(9, 1, 0.9), ratio(10, 2, 0.9), sure(11)]  # both draft tokens are plausible mismatches
+    sc = scores(rows, [OFF_VIDEO, OFF_VIDEO], root=ON_VIDEO)  # the root's state looks at the video
+    assert lvspec(lv_anchor="node").verify(chain([1, 2]), sc, VISUAL).kinds == [LOOSE, LOOSE, TARGET]
+    verdict = lvspec(lv_anchor="parent").verify(chain([1, 2]), sc, VISUAL)
+    assert verdict.tokens == [9] and verdict.kinds == [TARGET]  # the slot after the root is visual
+    sc = scores(rows, [OFF_VIDEO, ON_VIDEO], root=OFF_VIDEO)
+    verdict = lvspec(lv_anchor="parent").verify(chain([1, 2]), sc, VISUAL)
+    assert verdict.tokens == [1, 2, 11] and verdict.relevance == [0.0, 0.0, None]  # n1's own row is unused
+    sc = scores(rows, [ON_VIDEO, OFF_VIDEO], root=OFF_VIDEO)
+    assert lvspec(lv_anchor="parent").verify(chain([1, 2]), sc, VISUAL).tokens == [1, 10]  # n0 predicts n1
+
+
+def test_centring_removes_the_common_direction():
+    common = 10 * torch.eye(DIM)[7]
+    visual = torch.stack([torch.eye(DIM)[0] + common, torch.eye(DIM)[1] + common])
+    query = torch.stack([torch.eye(DIM)[2] + common, torch.eye(DIM)[0] + common])
+    raw = loose.VisualIndex.build(visual, centred=False).relevance(query, 1)
+    centred = loose.VisualIndex.build(visual, centred=True).relevance(query, 1)
+    assert raw[0] > 0.98  # everything looks alike before centring
+    assert centred.tolist() == pytest.approx([0.0, 1.0], abs=1e-6)
+    assert loose.VisualIndex.build(torch.zeros(0, DIM), centred=True).relevance(query, 4).tolist() == [0.0, 0.0]
+
+
 def test_lvspec_relevance_reads_node_rows_after_the_pending_tokens():
     rows = [ratio(9, 1, 0.9), sure(10)]
     verdict = lvspec().verify(chain([1]), scores(rows, [OFF_VIDEO], num_pending=3), VISUAL)
@@ -222,10 +249,12 @@ def test_lvspec_pst_follows_the_drafts_favourite_chain():
     assert verdict.path == [2, 3] and verdict.tokens == [4, 5, 22] and verdict.kinds == [PST, EXACT, TARGET]
 
 
-def test_lvspec_loose_tokens_never_exceed_the_threshold():
+@pytest.mark.parametrize("anchor, center", [("node", "none"), ("parent", "visual")])
+def test_lvspec_loose_tokens_never_exceed_the_threshold(anchor, center):
     rng = random.Random(1)
     for threshold in (-0.2, 0.0, 0.2, 0.5):
-        verifier = lvspec(lv_threshold=threshold, lv_topn=2, lv_lambda=0.05, pst_window=2)
+        verifier = lvspec(lv_threshold=threshold, lv_topn=2, lv_lambda=0.05, pst_window=2, lv_anchor=anchor,
+                          lv_center=center)
         for _ in range(100):
             draft, sc = random_case(rng, rng.randrange(1, 9), as_chain=rng.random() < 0.5)
             verdict = verifier.verify(draft, sc, {LAYER: torch.randn(5, DIM)})
@@ -275,7 +304,7 @@ def test_walk_on_plain_lists_matches_docstring_example():
 
 def test_options_are_listed_with_defaults():
     assert FlyVerifier.OPTIONS == {"fly_entropy": 0.3, "fly_window": 6, "fly_k": 15}
-    assert {"lv_layer", "lv_topn", "lv_threshold", "lv_lambda", "lv_loose", "lv_topk", "lv_relevance", "pst",
+    assert {"lv_layer", "lv_anchor", "lv_center", "lv_topn", "lv_threshold", "lv_lambda", "lv_loose", "lv_topk", "lv_relevance", "pst",
             "pst_window", "pst_confirm"} == set(LVSpecVerifier.OPTIONS)
 
 

@@ -31,7 +31,7 @@ def write_mp4(path, num_frames: int, fps: float, size=(48, 64)) -> np.ndarray:
 
 
 def frame_indices(frames: np.ndarray) -> list[int]:
-    return [int(round(f.mean() / LEVEL_STEP)) for f in frames]
+    return [round(float(f.mean()) / LEVEL_STEP) for f in frames]
 
 
 # ---- sampling plan ---------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ class ModelArgs:
         return [f.name for f in fields(cls) if f.name != "options"] + sorted(methods.DecodeOptions.field_names())
 
     @classmethod
-    def parse(cls, raw: Mapping[str, object]) -> "ModelArgs":
+    def parse(cls, raw: Mapping[str, object]) -> ModelArgs:
         """Typed, defaulted and validated arguments; ValueError names the offending argument."""
         unknown = sorted(k for k in raw if k not in cls.accepted_keys() and not k.startswith(OPTION_PREFIXES))
         if unknown:
@@ -109,10 +109,10 @@ class ModelArgs:
 
     def runner_kwargs(self) -> dict:
         """Keyword arguments of lvspec_eval.runner.Runner."""
-        return dict(pretrained=self.pretrained, method=self.method, draft=self.draft, device=self.device,
-                    dtype=self.dtype, attn_implementation=self.attn_implementation, options=dict(self.options),
-                    drafter=self.drafter, verifier=self.verifier, device_map=self.device_map,
-                    min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        return {"pretrained": self.pretrained, "method": self.method, "draft": self.draft, "device": self.device,
+                "dtype": self.dtype, "attn_implementation": self.attn_implementation, "options": dict(self.options),
+                "drafter": self.drafter, "verifier": self.verifier, "device_map": self.device_map,
+                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
 
 
 # ---- typing helpers -----------------------------------------------------------------------------

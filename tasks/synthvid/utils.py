@@ -13,7 +13,6 @@ from judges.oracle import score_caption
 from lvspec_eval.demo import tasks_data, world
 
 
-
 def process_docs(dataset: datasets.Dataset) -> datasets.Dataset:
     """The stub file names its task; return that task's docs (generated into the cache if needed)."""
     names = sorted(set(dataset["task"]))

@@ -459,14 +459,14 @@ def register(sub) -> None:
     p.add_argument("--mtp-decay", type=float, default=0.8, help="loss weight of pass k is decay**k")
     p.add_argument("--reg-weight", type=float, default=1.0, help="weight of the smooth-L1 hidden-state loss")
     p.add_argument("--num-captions", type=int, default=800, help="caption examples (scenes) to generate")
-    p.add_argument("--num-mcq", type=int, default=200, help="multiple-choice examples to generate")
+    p.add_argument("--num-mcq", type=int, default=150, help="multiple-choice examples to generate")
     p.add_argument("--seed-offset", type=int, default=300_000, help="first training-split scene seed used")
     p.add_argument("--frames", type=int, default=8)
     p.add_argument("--size", type=int, default=112, help="frame side in pixels")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--gen-batch", type=int, default=16, help="answers generated per batched `generate` call "
+    p.add_argument("--gen-batch", type=int, default=32, help="answers generated per batched `generate` call "
                    "(1: one by one through the decoding loop)")
-    p.add_argument("--steps", type=int, default=600, help="optimiser steps")
+    p.add_argument("--steps", type=int, default=900, help="optimiser steps")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--lr", type=float, default=2e-3)

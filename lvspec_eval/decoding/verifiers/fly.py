@@ -16,6 +16,8 @@ draft's favourite), which for a chain is the chain itself.
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 from ..types import EXACT, LOOSE, TARGET, Draft, Scores, Verdict
 from . import loose
 
@@ -49,7 +51,7 @@ def fly_accept(match: list[bool], entropy: list[float], theta: float, window: in
 class FlyVerifier:
     name = "fly"
     hidden_layers: tuple[int, ...] = ()
-    OPTIONS = {name: rule.default for name, rule in RULES.items()}
+    OPTIONS: ClassVar[dict] = {name: rule.default for name, rule in RULES.items()}  # name -> default
 
     def __init__(self, fly_entropy: float = 0.3, fly_window: int = 6, fly_k: int = 15):
         values = loose.parse_options({"fly_entropy": fly_entropy, "fly_window": fly_window, "fly_k": fly_k},
@@ -57,7 +59,7 @@ class FlyVerifier:
         self.entropy, self.window, self.k = values["fly_entropy"], values["fly_window"], values["fly_k"]
 
     @classmethod
-    def from_options(cls, extra: dict) -> "FlyVerifier":
+    def from_options(cls, extra: dict) -> FlyVerifier:
         """From DecodeOptions.extra; unknown fly_* keys raise ValueError listing the known ones."""
         return cls(**loose.parse_options(extra, RULES, ("fly_",), "FLy"))
 
