@@ -262,7 +262,7 @@ def _reask(spec: PromptSpec, raw: str, reason: str) -> Messages:
     return [
         {"role": "assistant", "content": raw},
         {"role": "user", "content": f"That reply could not be read ({reason}). Reply again with only "
-                                    f"the JSON object, for example {spec.example}."},
+                                    f"the JSON object, of the form {spec.example}."},
     ]
 
 

@@ -44,12 +44,16 @@ class PromptSpec:
         return f"{self.name}/{self.version}"
 
 
-DETAIL = PromptSpec("detail", "v1", _object_schema({"score": SCORE_0_5}), '{"score": 4}')
-VDC_ANSWER = PromptSpec("vdc-answer", "v1", _object_schema({"answer": {"type": "string"}}), '{"answer": "a short answer"}')
+# Examples show the form with placeholders, never a concrete score: weak judges copy a number
+# given as an example (SmolLM2-135M answered {"score": 4}, the old example, to every caption).
+SCORE_EXAMPLE = '{"score": <integer from 0 to 5>}'
+DETAIL = PromptSpec("detail", "v2", _object_schema({"score": SCORE_0_5}), SCORE_EXAMPLE)
+VDC_ANSWER = PromptSpec("vdc-answer", "v2", _object_schema({"answer": {"type": "string"}}),
+                        '{"answer": "<a short phrase>"}')
 VDC_SCORE = PromptSpec(
-    "vdc-score", "v1",
+    "vdc-score", "v2",
     _object_schema({"pred": {"type": "string", "enum": ["yes", "no"]}, "score": SCORE_0_5}),
-    '{"pred": "yes", "score": 4}',
+    '{"pred": <"yes" or "no">, "score": <integer from 0 to 5>}',
 )
 
 # Video-ChatGPT criterion -> what the judge is told to look at.
@@ -65,7 +69,7 @@ VCGPT_CRITERIA = {
     "consistency": "Consistency: is the prediction consistent with itself and with the reference, never "
     "stating two facts that contradict each other or the reference?",
 }
-VCGPT = {c: PromptSpec(f"vcgpt-{c}", "v1", _object_schema({"score": SCORE_0_5}), '{"score": 4}') for c in VCGPT_CRITERIA}
+VCGPT = {c: PromptSpec(f"vcgpt-{c}", "v2", _object_schema({"score": SCORE_0_5}), SCORE_EXAMPLE) for c in VCGPT_CRITERIA}
 
 _EVALUATOR = (
     "You are a careful evaluator of video descriptions. You never see the video: you compare a "
@@ -76,7 +80,7 @@ _EVALUATOR = (
 def _reply_instruction(spec: PromptSpec) -> str:
     schema = json.dumps(spec.schema, sort_keys=True)
     return (
-        f"Reply with only a JSON object, for example {spec.example}, following this JSON schema: "
+        f"Reply with only a JSON object of the form {spec.example}, following this JSON schema: "
         f"{schema}. Do not write anything else."
     )
 

@@ -23,16 +23,21 @@ Visual features are random (the vision encoder is not timed: its cost is the sam
 without speculation). On a GPU, clocks are read after a synchronise (decoding/loop.make_clock).
 
 Sizes: on a GPU the real sizes in bf16; on a CPU, `scale` (a width factor: attention heads,
-hidden and MLP widths shrink together, head_dim kept), `max_layers` and `vocab_size` shrink the
-models until they fit; the shape of the curves, not their values, is what transfers.
+hidden, MLP and vocabulary widths shrink together, head_dim kept) and `max_layers` (the layer
+stack's time is scaled back up to the real depth) shrink the models until they fit; the shape of
+the curves, not their values, is what transfers. At width
+factor w a token's KV weighs 1/w times more against the weights than in the real model (KV per
+token shrinks with w, weights with w^2), so a shrunk run's n visual tokens stand for about n / w
+real ones (rows carry it as "equivalent_visual_tokens").
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
-import statistics
 import types
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -69,6 +74,7 @@ SUMMARY_METHOD_OF = {"sd_tree": "full", "specvlm": "pruned", "sparrow": "sparrow
 GPU_VISUAL_TOKENS = (256, 1024, 4096, 8192, 16384, 25000)
 CPU_VISUAL_TOKENS = (256, 1024, 4096)
 TOKENS_PER_FRAME_SIDE = 16  # Qwen: 16 x 16 merged tokens per temporal patch (448 px frames)
+MIN_VOCAB = 64  # above the five special ids a synthetic prompt uses
 
 
 @dataclass(frozen=True)
@@ -124,17 +130,23 @@ class CostConfig:
 # ---- architectures at a scale --------------------------------------------------------------------
 
 def shrink(arch: dict, scale: Scale, layers: int | None = None) -> dict:
-    """The architecture at `scale`: heads (a multiple of the KV heads) and widths shrink together."""
+    """The architecture at `scale`: heads (a multiple of the KV heads) and widths shrink together.
+
+    A capped depth is not a smaller model: the timings scale the decoder layers' share back up to
+    the real depth (`real_layers`, see timed_call). The vocabulary shrinks with the width, unless
+    `vocab_size` is given, so the output layer (~ width x vocab) keeps its real share against the
+    layers (~ width^2).
+    """
     head_dim = scale.head_dim or arch["head_dim"]
     kv = max(1, round(arch["kv_heads"] * scale.width))
     heads = max(kv, round(arch["heads"] * scale.width / kv) * kv)
     hidden = heads * head_dim
-    depth = layers or arch["layers"]
-    if scale.max_layers:
-        depth = min(depth, scale.max_layers)
+    real_layers = layers or arch["layers"]
+    depth = min(real_layers, scale.max_layers) if scale.max_layers else real_layers
     inter = max(8, round(arch["intermediate"] * hidden / arch["hidden"]))
+    vocab = scale.vocab_size or max(MIN_VOCAB, round(arch["vocab"] * hidden / arch["hidden"]))
     return {**arch, "hidden": hidden, "heads": heads, "kv_heads": kv, "head_dim": head_dim, "layers": depth,
-            "intermediate": inter, "vocab": scale.vocab_size or arch["vocab"]}
+            "real_layers": real_layers, "intermediate": inter, "vocab": min(vocab, arch["vocab"])}
 
 
 def text_config(arch: dict) -> dict:
@@ -247,33 +259,76 @@ def build_backend(arch: dict, cfg: CostConfig) -> Backend:
     model.generation_config.eos_token_id = eos
     tokenizer = types.SimpleNamespace(eos_token_id=eos)  # consulted for EOS only; nothing is decoded
     backend_cls = SyntheticQwen if arch["family"] == "qwen2_5_vl" else SyntheticLlava
-    return backend_cls(model, tokenizer, cfg.device)
+    backend = backend_cls(model, tokenizer, cfg.device)
+    backend.depth_factor = arch.get("real_layers", arch["layers"]) / arch["layers"]  # see timed_call
+    return backend
 
 
 # ---- timing ---------------------------------------------------------------------------------------
 
-def median_seconds(fn, repeats: int, clock, warmup: int = 1) -> float:
-    """Median wall time of fn() over `repeats` calls after `warmup` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
+@contextlib.contextmanager
+def layer_stack_spans(backend: Backend, clock) -> Iterator[list[list[float]]]:
+    """Record [start, end] of every pass through the decoder layers (first layer in, last out)."""
+    layers = backend.text_model().layers
+    spans: list[list[float]] = []
+
+    def enter(_module, _args):
+        spans.append([clock(), clock()])
+
+    def leave(_module, _args, _out):
+        spans[-1][1] = clock()
+
+    handles = [layers[0].register_forward_pre_hook(enter), layers[-1].register_forward_hook(leave)]
+    try:
+        yield spans
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def timed_call(fn, backend: Backend, clock) -> float:
+    """Seconds of one fn() call, its decoder-layer part scaled to the model's real depth.
+
+    Decoder layers are identical, so a model built with d of its L layers costs what the real one
+    does once the time spent in the layer stack is multiplied by L / d (KV reads included).
+    """
+    factor = backend.depth_factor
+    if factor == 1:
         t0 = clock()
         fn()
-        times.append(clock() - t0)
-    return statistics.median(times)
+        return clock() - t0
+    with layer_stack_spans(backend, clock) as spans:
+        t0 = clock()
+        fn()
+        total = clock() - t0
+    return total + sum(end - start for start, end in spans) * (factor - 1)
+
+
+def best_seconds(fn, backend: Backend, repeats: int, clock, warmup: int = 1) -> float:
+    """The fastest of `repeats` timed calls of fn() after `warmup` untimed ones.
+
+    The minimum, not the median: a forward's cost is fixed and other processes on a shared
+    machine only ever add to it, so the fastest repeat is the best estimate of the cost itself
+    (the models here are timed one after another, so drift cannot cancel out in a ratio).
+    """
+    for _ in range(warmup):
+        fn()
+    return min(timed_call(fn, backend, clock) for _ in range(repeats))
 
 
 def timed_prefill(backend: Backend, inputs: PreparedInputs, clock, keep: torch.Tensor | None = None):
-    """(seconds, state) of one prefill (a warm-up prefill runs first on a short prompt elsewhere)."""
-    t0 = clock()
-    state, _ = backend.prefill(inputs, keep_visual=keep)
-    return clock() - t0, state
+    """(seconds, state) of one prefill (a warm-up prefill ran first on a short prompt)."""
+    out = {}
+
+    def run():
+        out["state"] = backend.prefill(inputs, keep_visual=keep)[0]
+
+    return timed_call(run, backend, clock), out["state"]
 
 
 def forward_seconds(backend: Backend, state, offsets: torch.Tensor, visible: torch.Tensor, cfg: CostConfig,
                     clock) -> float:
-    """Median time of one tree-masked forward of len(offsets) tokens; the cache is left as it was."""
+    """Time of one tree-masked forward of len(offsets) tokens; the cache is left as it was."""
     g = torch.Generator().manual_seed(cfg.seed)
     tokens = torch.randint(0, special_ids(backend.model.config.get_text_config().vocab_size)["vision_end"] - 1,
                            (offsets.numel(),), generator=g)
@@ -282,7 +337,7 @@ def forward_seconds(backend: Backend, state, offsets: torch.Tensor, visible: tor
         backend.forward(state, tokens, offsets, visible)
         backend.keep(state, [])  # drop the temporary entries: every repeat sees the same cache
 
-    return median_seconds(step, cfg.repeats, clock)
+    return best_seconds(step, backend, cfg.repeats, clock)
 
 
 def verify_layout(num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -387,6 +442,7 @@ def measure_pair(pair: str, cfg: CostConfig, clock, log) -> list[dict]:
 def _row(pair: str, drafter: str, n: int, costs: dict, cfg: CostConfig) -> dict:
     target, draft, tau = costs["target", n], costs[drafter, n], cfg.taus[drafter]
     return {"pair": pair, "drafter": drafter, "visual_tokens": target["visual_tokens"],
+            "equivalent_visual_tokens": round(target["visual_tokens"] / cfg.scale.width),
             "draft_visual_tokens": draft["kept_visual_tokens"], "tau": tau,
             "target_prefill_s": target["prefill_s"], "draft_prefill_s": draft["prefill_s"],
             "target_step_ms": 1e3 * target["step_s"], "verify_ms": 1e3 * target["verify_s"],
@@ -522,7 +578,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prune-ratio", type=float, default=0.9, help="share of visual tokens the pruned draft drops")
     g.add_argument("--new-tokens", type=int, default=256, help="generated tokens for the e2e speedup")
     g.add_argument("--prompt-tokens", type=int, default=64, help="text tokens around the video")
-    g.add_argument("--timing-repeats", type=int, default=5, help="timed repeats per forward (median)")
+    g.add_argument("--timing-repeats", type=int, default=5, help="timed repeats per forward (the fastest counts)")
     g.add_argument("--cost-device", default=None, help="default: cuda if available, else cpu")
     g.add_argument("--cost-dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="default: bfloat16 on GPU, float32 on CPU")

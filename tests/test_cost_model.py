@@ -29,7 +29,8 @@ def test_real_sizes_are_kept_at_full_scale():
 def test_shrink_keeps_heads_a_multiple_of_kv_heads():
     arch = cm.shrink(cm.ARCHITECTURES["qwen2.5-vl-7b"], cm.Scale(width=0.125, max_layers=2))
     assert arch["heads"] % arch["kv_heads"] == 0
-    assert arch["hidden"] == arch["heads"] * 128 and arch["layers"] == 2
+    assert arch["hidden"] == arch["heads"] * 128 and (arch["layers"], arch["real_layers"]) == (2, 28)
+    assert arch["vocab"] == round(152064 * arch["hidden"] / 3584)  # the output layer keeps its share
     sparrow = cm.shrink(cm.ARCHITECTURES["qwen2.5-vl-32b"], cm.Scale(), layers=1)
     assert sparrow["layers"] == 1 and sparrow["hidden"] == 5120
 
@@ -132,3 +133,18 @@ def test_cli_arguments_build_the_config(tmp_path):
     assert cfg.pairs == ("llava-ov-7b/0.5b",) and cfg.drafters == ("pruned", "sparrow")
     assert cfg.visual_tokens == (16, 32) and cfg.taus["sparrow"] == 3.5 and cfg.tau_source == "given"
     assert cfg.scale == cm.Scale(width=0.125, max_layers=2) and cfg.dtype == "float32"
+
+
+def test_layer_time_is_scaled_to_the_real_depth():
+    arch = cm.shrink(cm.ARCHITECTURES["llava-ov-0.5b"], TINY)
+    backend = cm.build_backend(arch, tiny_config())
+    assert backend.depth_factor == 24  # one layer built, 24 real
+    state, _ = backend.prefill(backend.synthetic_inputs(16, 8, seed=0))
+    clock = cm.make_clock(torch.device("cpu"))
+    with cm.layer_stack_spans(backend, clock) as spans:
+        t0 = clock()
+        backend.forward(state, torch.tensor([1]), *cm.level_layout(1))
+        total = clock() - t0
+    assert len(spans) == 1 and 0 < spans[0][1] - spans[0][0] < total
+    backend.depth_factor = 1.0
+    assert cm.timed_call(lambda: None, backend, clock) < 0.01

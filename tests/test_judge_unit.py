@@ -6,6 +6,7 @@ retries) and only the network is replaced.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import threading
@@ -257,7 +258,7 @@ def test_cache_key_depends_on_model_prompt_version_and_params():
     make_client(fake, cache=cache).judge(detail_request())
     make_client(fake, cache=cache, model="judge-y").judge(detail_request())
     make_client(fake, cache=cache, seed=99).judge(detail_request())
-    newer = JudgeRequest(prompts.PromptSpec("detail", "v2", prompts.DETAIL.schema, "{}"), detail_request().messages)
+    newer = JudgeRequest(dataclasses.replace(prompts.DETAIL, version="next"), detail_request().messages)
     make_client(fake, cache=cache).judge(newer)
     make_client(fake, cache=cache).judge(detail_request())  # the first one again: cached
     assert len(fake.bodies) == 4 and cache.count() == 4
