@@ -215,8 +215,13 @@ def discover(run_dirs: list[Path]) -> dict[tuple[str, str], TaskRun]:
 # ------------------------------------------------------------------------------------- statistics
 
 
-def score_value(value, metric: str, where: str) -> float:
-    """A per-sample metric as a number (lmms-eval's video tasks log dicts with a "score")."""
+def score_value(value, metric: str, where: str) -> float | None:
+    """A per-sample metric as a number (lmms-eval's video tasks log dicts with a "score").
+
+    None means missing (a judge that did not answer): such samples are left out, never scored 0.
+    """
+    if value is None or (isinstance(value, Mapping) and "score" in value and value["score"] is None):
+        return None
     if isinstance(value, Mapping) and isinstance(value.get("score"), (int, float)):
         value = value["score"]
     if isinstance(value, (bool, int, float)) and math.isfinite(float(value)):
@@ -235,7 +240,9 @@ def sample_scores(run: TaskRun, metric: str) -> dict[str, float]:
             raise ValueError(
                 f"{run.source}: sample {doc_id} of {run.task} has no metric {metric!r}; available: {available}"
             )
-        out[doc_id] = score_value(sample[metric], metric, f"{run.source} {run.task} doc {doc_id}")
+        score = score_value(sample[metric], metric, f"{run.source} {run.task} doc {doc_id}")
+        if score is not None:
+            out[doc_id] = score
     return out
 
 
