@@ -141,7 +141,7 @@ def test_sweep_scores_facts_separation_and_pareto():
     assert {"count", "background", "object0.colour", "object0.shape"} <= right
     assert sweep.separation([0.9, 0.8], [0.1, 0.2])["auc"] == 1.0
     assert sweep.separation([0.5], [0.5])["auc"] == 0.5
-    rows = {"a": {"decode_speedup": 1.0, "retention": 1.0}, "b": {"decode_speedup": 2.0, "retention": 0.9},
-            "c": {"decode_speedup": 1.5, "retention": 0.8}}
+    rows = {"a": {"est_speedup": 1.0, "retention": 1.0}, "b": {"est_speedup": 2.0, "retention": 0.9},
+            "c": {"est_speedup": 1.5, "retention": 0.8}}
     sweep.mark_pareto(rows)
     assert [n for n, r in rows.items() if r["pareto"]] == ["a", "b"]
