@@ -113,6 +113,12 @@ def test_pst_steps_refeed_their_tokens_correctly(pair, video):
     _first_tokens_are_greedy(target, video, out)
 
 
+def test_lvspec_without_video_runs_with_zero_relevance(pair):
+    out = run(pair, [], "lvspec", {"lv_lambda": 0.0, "pst": "off"})
+    assert out.stats.visual_tokens == 0 and len(out.tokens) > 0
+    assert {r for r, k in zip(out.relevance, out.kinds) if k != TARGET} <= {0.0}
+
+
 # ---- the sweep's pure parts ----------------------------------------------------------------------
 
 def test_sweep_settings_vary_one_axis_at_a_time_or_all():

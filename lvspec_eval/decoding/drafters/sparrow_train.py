@@ -31,6 +31,16 @@ Training, per batch (all losses on the positions that predict answer tokens):
   (EAGLE trains both).
 
 Logs (JSON lines) and the resumable state go to --work; the head (fc + layer + norm only) to --out.
+
+The shipped demo heads (defaults: 800 captions + 150 MC answers, 900 steps of 16, lr 2e-3):
+    lvspec-eval train-sparrow --threads 1                       # -> demo/checkpoints/sparrow
+    lvspec-eval train-sparrow --threads 1 --no-ivsb --out lvspec_eval/demo/checkpoints/sparrow_noivsb
+    lvspec-eval train-sparrow --threads 1 --mtp-steps 0 --out lvspec_eval/demo/checkpoints/sparrow_nomtp
+On a 2-core CPU shared with other jobs: the answers about 13 minutes (once; cached, shared by
+all three), the first epoch's target features 5-10 minutes, then 1-2 steps a second; on the same
+CPU when quiet, the 900 steps (features included) take about 5 minutes. A real target on a GPU:
+    lvspec-eval train-sparrow --target Qwen/Qwen2.5-VL-7B-Instruct --device cuda --dtype bfloat16 \
+        --out heads/qwen7b --num-captions 20000 --steps 20000 --grad-accum 2
 """
 from __future__ import annotations
 
