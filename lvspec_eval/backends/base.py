@@ -130,6 +130,10 @@ class Backend:
         captured: dict[int, torch.Tensor] = {}
         handles = []
         text = self.text_model()
+        bad = sorted(l for l in set(layers) if l != FINAL and not 1 <= l <= len(text.layers))
+        if bad:
+            raise ValueError(f"hidden layer(s) {bad} out of range: the model has decoder layers 1..{len(text.layers)} "
+                             f"(or {FINAL} for the final norm)")
         for layer in set(layers):
             module = text.norm if layer == FINAL else text.layers[layer - 1]
 
