@@ -43,7 +43,7 @@ test-fast: $(STAMP)
 
 retention-gate: $(STAMP)
 	rm -rf .cache/gate
-	$(VENV)/bin/lvspec-eval demo --methods vanilla,sd_tree,specvlm,lvspec --limit 10 --out .cache/gate
+	$(VENV)/bin/lvspec-eval demo --methods vanilla,sd_tree,specvlm,lvspec --limit 10 --length-methods "" --out .cache/gate
 	$(VENV)/bin/lvspec-eval check .cache/gate/summary.json --min-retention 0.9
 
 build-demo: $(STAMP)

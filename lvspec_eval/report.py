@@ -42,6 +42,12 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
  "plots": [{"name", "path" (a PNG relative to DIR; null for a table-only entry), "caption", plus
    the hook's extra figures, e.g. "top_loose_tokens": [[text, count], ...]}], "warnings": [str]}
 Rows are ordered by task, then vanilla, sd_tree, specvlm, sparrow, fly, lvspec, others by name.
+Length tasks (option `length_tasks`, CLI `--length-tasks`; the demo's length stage passes its
+synthvid_caption_f32 ... _f512 tasks) are tasks that differ from another only in video length:
+their rows come after every other task's, in the given order, and are paired with vanilla like
+any task (by task and doc_id: vanilla's run of that task, whichever RUN folder it came from),
+so the rows of the trained-length tasks lead the table unchanged. The speed-vs-retention panels
+leave them out (a handful of samples per length); the speed-vs-visual-tokens curve uses them.
 Plots come from report_plots.PLOT_HOOKS (extendable); `--no-plots` skips them.
 """
 
@@ -78,6 +84,7 @@ class ReportOptions:
     baseline: str = "vanilla"
     echo: bool = False  # print the table to stdout
     plots: bool = True  # draw the PNGs (off: faster, for CI gates that read only summary.json)
+    length_tasks: tuple[str, ...] = ()  # rows after the other tasks', in this order (see the docstring)
 
 
 @dataclass(frozen=True)
@@ -367,12 +374,17 @@ def task_rows(task: str, runs: dict[str, TaskRun], opts: ReportOptions) -> list[
     return rows
 
 
+def task_order(tasks: set[str], length_tasks: tuple[str, ...] = ()) -> list[str]:
+    """Tasks by name, then the length tasks in their given order."""
+    return sorted(tasks - set(length_tasks)) + [t for t in dict.fromkeys(length_tasks) if t in tasks]
+
+
 def build_rows(runs: dict[tuple[str, str], TaskRun], opts: ReportOptions) -> list[dict]:
     methods = sorted({m for _, m in runs}, key=method_sort_key)
     if opts.baseline not in methods:
         found = ", ".join(methods) or "none"
         raise ValueError(f"no run with method={opts.baseline} (the baseline); runs found: {found}")
-    tasks = sorted({t for t, _ in runs})
+    tasks = task_order({t for t, _ in runs}, opts.length_tasks)
     for task in sorted(set(opts.metrics) - set(tasks)):
         log.warning("--metric names task %s, which no run has (tasks: %s)", task, ", ".join(tasks))
     rows = []
@@ -438,6 +450,11 @@ def method_note(opts: ReportOptions) -> str:
         f"paired samples with a {ci} paired BCa bootstrap interval ({opts.n_boot} resamples); non-inferior when "
         f"its lower bound >= 1 - margin. p: McNemar exact test for 0/1 metrics, else Wilcoxon signed-rank "
         "(zero differences split); Holm-corrected across the methods of a task."
+    ) + (
+        f" The last tasks ({', '.join(opts.length_tasks)}) repeat a task at other video lengths, a few samples "
+        "each, for the speedup-vs-visual-tokens plot."
+        if opts.length_tasks
+        else ""
     )
 
 
@@ -468,7 +485,9 @@ def plot_input(
         for (task, method), run in runs.items()
         if (task, opts.baseline) in runs
     }
-    return report_plots.PlotInput(rows=json_safe(rows), pairs=pairs, baseline=opts.baseline, out_dir=out_dir)
+    return report_plots.PlotInput(
+        rows=json_safe(rows), pairs=pairs, baseline=opts.baseline, out_dir=out_dir, length_tasks=tuple(opts.length_tasks)
+    )
 
 
 class _WarningCollector(logging.Handler):
@@ -485,7 +504,10 @@ def make_options(options: Mapping) -> ReportOptions:
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"unknown report option(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
-    return ReportOptions(**{k: v for k, v in options.items() if v is not None})
+    values = {k: v for k, v in options.items() if v is not None}
+    if "length_tasks" in values:
+        values["length_tasks"] = tuple(values["length_tasks"])
+    return ReportOptions(**values)
 
 
 def summary_dict(rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions, warnings: list[str]) -> dict:
@@ -566,6 +588,7 @@ def _run(args: argparse.Namespace) -> int:
         baseline=args.baseline,
         echo=True,
         plots=not args.no_plots,
+        length_tasks=tuple(t for t in (args.length_tasks or "").split(",") if t),
     )
     print(f"wrote {args.output / 'leaderboard.md'}, leaderboard.html, summary.json")
     return 0
@@ -593,4 +616,10 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline", default="vanilla", help="the method every row is compared with")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs (tables and summary.json only)")
+    p.add_argument(
+        "--length-tasks",
+        default="",
+        metavar="T1,T2,...",
+        help="tasks that vary only video length: listed last, in this order, and left out of the retention panels",
+    )
     p.set_defaults(func=_run)

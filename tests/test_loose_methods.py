@@ -105,12 +105,19 @@ def test_loose_runs_complete_and_report_kinds(pair, video, vanilla):
         _first_tokens_are_greedy(target, video, out)
 
 
-def test_pst_steps_refeed_their_tokens_correctly(pair, video):
+def test_pst_steps_refeed_their_tokens_correctly(pair):
     target, _ = pair
-    out = run(pair, video, "lvspec", {"lv_threshold": -1.0, "pst_window": 3, "pst_confirm": 0})
-    assert PST in out.kinds  # a random draft's wide tree holds the target's token deeper down
-    assert len(out.kinds) == len(out.tokens) and set(out.kinds) <= {EXACT, PST, TARGET}
-    _first_tokens_are_greedy(target, video, out)
+    seen_pst = False
+    for seed in (7, 3, 11, 19, 23, 31):  # a random draft's wide tree holds the target's token deeper
+        scene = world.make_scene(seed)  # down on some videos, not all: run until PST has fired
+        video = [(world.render(scene, models.FRAMES, models.FRAME_SIZE, models.FRAME_SIZE), models.FPS)]
+        out = run(pair, video, "lvspec", {"lv_threshold": -1.0, "pst_window": 3, "pst_confirm": 0})
+        assert len(out.kinds) == len(out.tokens) and set(out.kinds) <= {EXACT, PST, TARGET}
+        _first_tokens_are_greedy(target, video, out)
+        if PST in out.kinds:
+            seen_pst = True
+            break
+    assert seen_pst
 
 
 def test_lvspec_without_video_runs_with_zero_relevance(pair):

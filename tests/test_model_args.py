@@ -6,7 +6,7 @@ import torch
 from lmms_eval.utils import simple_parse_args_string
 
 from lvspec_eval.demo import models as demo_models
-from lvspec_eval.models.args import ModelArgs, read_gen_kwargs
+from lvspec_eval.models.args import DEMO_MAX_FRAMES, ModelArgs, read_gen_kwargs
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -51,7 +51,7 @@ def test_defaults_on_cpu():
 def test_demo_defaults_follow_the_demo_videos():
     args = parse("pretrained=demo")
     assert args.draft == "demo-draft"
-    assert (args.fps, args.max_frames) == (demo_models.FPS, demo_models.LONG_FRAMES)
+    assert (args.fps, args.max_frames) == (demo_models.FPS, DEMO_MAX_FRAMES)  # every frame of every synthvid video
     assert parse("pretrained=demo,draft=self,fps=2,max_frames=8").draft == "self"
 
 

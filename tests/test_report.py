@@ -39,7 +39,8 @@ def stats_record(method: str, task: str, doc: int) -> dict:
         "doc_id": doc,
         "method": method,
         "error": "CUDA out of memory" if failed else None,
-        "num_new_tokens": 0 if failed else 7,
+        # a caption is long enough for the speedup-vs-visual-tokens plot (>= 8 tokens), an MC answer is not
+        "num_new_tokens": 0 if failed else (7 if task == MC else 9),
         "num_steps": steps,
         "accepted_lengths": accepted,
         "tau": sum(accepted) / steps,
@@ -316,6 +317,52 @@ def test_binned_speedup_is_a_ratio_of_summed_times():
         ({"decode_s": 1.0}, {"decode_s": 4.0, "visual_tokens": 1000}),
     ]
     assert report_plots.binned_speedup(pairs, num_bins=2) == [(10.0, 2.0, 1), (1000.0, 4.0, 1)]
+
+
+def pair(decode_method: float, decode_vanilla: float, visual: int, new_tokens: int | None = 20) -> tuple[dict, dict]:
+    vanilla = {"decode_s": decode_vanilla, "visual_tokens": visual}
+    if new_tokens is not None:
+        vanilla["num_new_tokens"] = new_tokens
+    return {"decode_s": decode_method}, vanilla
+
+
+def test_few_distinct_visual_token_counts_give_one_point_each():
+    # the demo's lengths: 2 samples at 64 and 2,048, one at 256, 1,024 and 4,096; quantile bins
+    # would merge some of them, one point per count keeps all five
+    pairs = [pair(1.0, 2.0, 64), pair(1.0, 4.0, 64), pair(1.0, 1.5, 256), pair(2.0, 1.0, 1024),
+             pair(4.0, 2.0, 2048), pair(4.0, 2.0, 2048), pair(4.0, 1.0, 4096)]
+    assert report_plots.binned_speedup(pairs) == [
+        (64.0, 3.0, 2), (256.0, 1.5, 1), (1024.0, 0.5, 1), (2048.0, 0.5, 2), (4096.0, 0.25, 1)]
+
+
+def test_short_vanilla_answers_are_left_out_of_the_length_curve():
+    pairs = [pair(1.0, 2.0, 64, new_tokens=1), pair(1.0, 3.0, 64, new_tokens=8), pair(1.0, 9.0, 256, new_tokens=7),
+             pair(1.0, 5.0, 512, new_tokens=None)]  # no field: kept
+    assert report_plots.binned_speedup(pairs) == [(64.0, 3.0, 1), (512.0, 5.0, 1)]
+    assert report_plots.binned_speedup(pairs[:1]) == []
+
+
+def test_many_distinct_counts_keep_quantile_bins():
+    pairs = [pair(1.0, 2.0, 100 + k) for k in range(10)]  # 10 distinct counts > 8
+    bins = report_plots.binned_speedup(pairs, num_bins=2)
+    assert [n for _, _, n in bins] == [5, 5] and [x for x, _, _ in bins] == [102.0, 107.0]
+
+
+def test_length_plot_is_log_scaled_and_says_what_it_shows(tmp_path):
+    pairs = {("cap", "sd_tree"): [pair(1.0, 2.0, 64), pair(4.0, 2.0, 4096)], ("mcq", "sd_tree"): [pair(1.0, 9.0, 64, 1)]}
+    rows = [{"task": "cap", "method": "vanilla"}, {"task": "cap", "method": "sd_tree"}]
+    data = report_plots.PlotInput(rows=rows, pairs=pairs, baseline="vanilla", out_dir=tmp_path)
+    (plot,) = report_plots.speedup_vs_visual_tokens(data)
+    assert plot.path.read_bytes()[:4] == b"\x89PNG"
+    assert "log scale" in plot.caption and "fewer than 8 tokens are left out" in plot.caption
+
+
+def test_length_tasks_come_last_in_their_order(runs, tmp_path):
+    assert report.task_order({"b", "a", "len2", "len1"}, ("len1", "len2", "absent")) == ["a", "b", "len1", "len2"]
+    summary = report.build_report(runs, tmp_path / "out", n_boot=200, plots=False, length_tasks=[MC])
+    assert [r["task"] for r in summary["rows"]] == [CAP] * 3 + [MC] * 3
+    assert row(summary, MC, "sd_tree")["decode_speedup"] == pytest.approx(2.0)  # still paired with vanilla
+    assert f"The last tasks ({MC})" in (tmp_path / "out" / "leaderboard.md").read_text()
 
 
 def test_summary_feeds_the_check_gate(summary):

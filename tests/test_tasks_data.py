@@ -85,7 +85,26 @@ def test_task_seeds_do_not_overlap_and_are_held_out():
     seeds = [set(range(s.first_seed, s.first_seed + s.num_docs)) for s in tasks_data.TASKS.values()]
     assert all(min(s) >= data.TEST_SEED for s in seeds)
     assert sum(len(s) for s in seeds) == len(set().union(*seeds))
-    assert [s.num_docs for s in tasks_data.TASKS.values()] == [50, 100, 10]
+    assert [s.num_docs for s in tasks_data.TASKS.values()] == [50, 100, 10, 4, 4, 4]
+
+
+def test_every_task_has_a_yaml_and_a_stub_naming_it():
+    for task in tasks_data.TASKS:
+        yaml = (TASKS_DIR / "synthvid" / f"{task}.yaml").read_text()
+        assert f"\ntask: {task}\n" in yaml and f"test: stub_{task}.jsonl" in yaml
+        assert json.loads((TASKS_DIR / "synthvid" / f"stub_{task}.jsonl").read_text()) == {"task": task}
+
+
+def test_demo_length_stage_covers_the_lengths_and_the_model_sees_every_frame():
+    from lvspec_eval.demo import run
+    from lvspec_eval.models.args import DEMO_MAX_FRAMES, ModelArgs
+
+    frames = [tasks_data.TASKS[t].num_frames for t in run.LENGTH_TASKS]
+    assert frames == [32, 128, models.LONG_FRAMES, 512]  # 256 ... 4,096 visual tokens, after the 64 of DEMO_TASKS
+    assert max(s.num_frames for s in tasks_data.TASKS.values()) <= DEMO_MAX_FRAMES
+    assert ModelArgs.parse({"pretrained": "demo", "device": "cpu"}).max_frames == DEMO_MAX_FRAMES
+    assert run.length_methods("") == []
+    assert run.length_methods("sd_tree,specvlm") == ["vanilla", "sd_tree", "specvlm"]
 
 
 def test_stale_or_incomplete_data_is_regenerated(small):

@@ -209,7 +209,10 @@ class Backend:
         always visible. Float additive masks with explicit positions keep tree scoring exact.
         """
         m = tokens.numel()
-        mask = additive_mask(state.cache_len, visible, self.model.dtype, self.device)
+        # One token that sees everything (vanilla decoding, a chain's root): no mask needed, and
+        # the attention kernel takes its faster unmasked path.
+        mask = (None if m == 1 and state.temp_len == 0 and bool(visible.all())
+                else additive_mask(state.cache_len, visible, self.model.dtype, self.device))
         positions = self.position_ids(state.extra, state.next_pos + pos_offsets.to(self.device))
         with self.capture_hidden(hidden_layers) as hidden:
             out = self.text_model()(input_ids=tokens.view(1, -1).to(self.device), position_ids=positions,

@@ -1,8 +1,8 @@
 """`lvspec-eval build-demo`: train the demo world's tokenizer, target and draft on this CPU.
 
-It runs once (about 90 minutes on 2 cores); the checkpoints it writes are committed, so
-`make demo` needs no training. Every stage logs to <work>/train_*.log, checkpoints as it goes
-and resumes where it stopped when run again.
+It runs once (about 90 minutes on 2 cores); the checkpoints it writes are committed (stored in
+bfloat16, run in float32), so `make demo` needs no training. Every stage logs to
+<work>/train_*.log, checkpoints as it goes and resumes where it stopped when run again.
 """
 from __future__ import annotations
 
@@ -26,6 +26,16 @@ def write_preprocessor_config(folder: Path) -> None:
     (folder / "preprocessor_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
+def store_bfloat16(folder: Path) -> None:
+    """Rewrite a trained model's weights in bfloat16: half the size in the repository. The demo
+    runs them in float32 (the loader casts to the `dtype` model_arg), and every figure in the
+    README is measured with these stored weights."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    model.to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+
+
 def build(work: Path, out: Path, target_steps: int, draft_steps: int, threads: int) -> None:
     torch.set_num_threads(threads)
     work.mkdir(parents=True, exist_ok=True)
@@ -36,6 +46,8 @@ def build(work: Path, out: Path, target_steps: int, draft_steps: int, threads: i
     if not (out / "draft" / "config.json").exists():
         train.train_draft(work, out, target_dir, steps=draft_steps)
     write_preprocessor_config(out / "draft")
+    for folder in (target_dir, out / "draft"):
+        store_bfloat16(folder)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -49,6 +61,6 @@ def register(sub) -> None:
     p.add_argument("--out", default=str(CHECKPOINTS), help="where the checkpoints go (default: the package's)")
     p.add_argument("--work", default=".cache/demo_build", help="logs, resumable training state")
     p.add_argument("--target-steps", type=int, default=2800, help="target optimiser steps of 16 samples")
-    p.add_argument("--draft-steps", type=int, default=1500, help="draft distillation steps of 16 samples")
+    p.add_argument("--draft-steps", type=int, default=1000, help="draft distillation steps of 16 samples")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.set_defaults(func=_run)

@@ -4,6 +4,16 @@ Each method is a real lmms-eval run (the registered `lvspec` model, the synthvid
 and per-sample logs written by lmms-eval itself), all in this one process, back to back, so the
 report's speed ratios compare runs on the same machine state. lmms-eval exits 0 even when a run
 fails, so each run's results file is checked before the report is built.
+
+Main stage: `--methods` on DEMO_TASKS (the trained length, 8 frames = 64 visual tokens), `--limit`
+samples per task, one run per method in runs/<method>.
+Length stage (for the report's speedup-vs-visual-tokens curve): `--length-methods` (vanilla
+always among them, as the baseline; "" skips the stage) on LENGTH_TASKS, synthvid_caption at
+32 / 128 / 256 / 512 frames (256 / 1,024 / 2,048 / 4,096 visual tokens), `--length-limit`
+samples per task, one run per method in runs/<method>_lengths. The report pairs each row with
+vanilla's run of the same task, so length rows compare with vanilla's length run; they are
+listed after the trained-length rows (report.py's length_tasks). The demo models were trained on
+8-frame clips only and fail on long videos, so speedups under 1 at long lengths are expected.
 """
 from __future__ import annotations
 
@@ -18,6 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 TASKS_DIR = REPO / "tasks"
 DEMO_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow", "fly", "lvspec")
 DEMO_TASKS = ("synthvid_caption", "synthvid_mcq")
+LENGTH_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow")
+LENGTH_TASKS = ("synthvid_caption_f32", "synthvid_caption_f128", "synthvid_caption_long", "synthvid_caption_f512")
 
 
 def available_methods(requested: tuple[str, ...]) -> list[str]:
@@ -57,7 +69,15 @@ def run_lmms_eval(method: str, run_dir: Path, tasks: tuple[str, ...], limit: int
     return new[-1]
 
 
-def run_demo(out: Path, methods: list[str], limit: int, threads: int) -> dict:
+def length_methods(value: str) -> list[str]:
+    """--length-methods: "" -> none; else the available ones, vanilla (the baseline) first."""
+    names = [m for m in value.split(",") if m]
+    return available_methods(tuple(dict.fromkeys(["vanilla", *names]))) if names else []
+
+
+def run_demo(out: Path, methods: list[str], limit: int, threads: int, lengths: tuple[str, ...] | list[str] = (),
+             length_limit: int = 2) -> dict:
+    """The main runs, then the length runs of `lengths` (if any), then the report."""
     import torch
 
     from .. import report
@@ -73,15 +93,25 @@ def run_demo(out: Path, methods: list[str], limit: int, threads: int) -> dict:
         run_lmms_eval(method, out / "runs" / method, DEMO_TASKS, limit)
         print(f"[demo] {method}: lmms-eval run done in {time.time() - t0:.0f} s", flush=True)
         run_dirs.append(out / "runs" / method)
-    return report.build_report(run_dirs, out, echo=True)
+    t_lengths = time.time()
+    for method in lengths:
+        t0 = time.time()
+        run_lmms_eval(method, out / "runs" / f"{method}_lengths", LENGTH_TASKS, length_limit)
+        print(f"[demo] {method}: length run ({', '.join(LENGTH_TASKS)}) done in {time.time() - t0:.0f} s", flush=True)
+        run_dirs.append(out / "runs" / f"{method}_lengths")
+    if lengths:
+        print(f"[demo] length stage: {len(lengths)} methods in {time.time() - t_lengths:.0f} s", flush=True)
+    return report.build_report(run_dirs, out, echo=True, length_tasks=LENGTH_TASKS if lengths else ())
 
 
 def _main(args: argparse.Namespace) -> int:
     requested = tuple(args.methods.split(",")) if args.methods else DEMO_METHODS
     methods = available_methods(requested)
+    lengths = length_methods(args.length_methods)
     t0 = time.time()
-    run_demo(Path(args.out), methods, args.limit, args.threads)
-    print(f"[demo] {len(methods)} methods in {time.time() - t0:.0f} s; report in {args.out}")
+    run_demo(Path(args.out), methods, args.limit, args.threads, lengths, args.length_limit)
+    stages = f"{len(methods)} methods" + (f" + {len(lengths)} length runs" if lengths else "")
+    print(f"[demo] {stages} in {time.time() - t0:.0f} s; report in {args.out}")
     return 0
 
 
@@ -90,5 +120,9 @@ def register(sub) -> None:
     p.add_argument("--out", default="results/demo", help="where runs, summary.json and the leaderboard go")
     p.add_argument("--methods", default="", help=f"comma-separated subset of {', '.join(DEMO_METHODS)}")
     p.add_argument("--limit", type=int, default=20, help="samples per task")
+    p.add_argument("--length-methods", default=",".join(LENGTH_METHODS),
+                   help="methods also run on the synthvid caption task at 256 to 4,096 visual tokens for the "
+                        "speedup-vs-visual-tokens plot (vanilla always added; '' skips this stage)")
+    p.add_argument("--length-limit", type=int, default=2, help="samples per length task")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=_main)

@@ -46,6 +46,11 @@ TASKS = {
     "synthvid_caption": TaskSpec("caption", 50, models.FRAMES, data.TEST_SEED),
     "synthvid_mcq": TaskSpec("mcq", 100, models.FRAMES, data.TEST_SEED + 10_000),
     "synthvid_caption_long": TaskSpec("caption", 10, models.LONG_FRAMES, data.TEST_SEED + 20_000),
+    # more lengths for the speedup-vs-visual-tokens curve (`lvspec-eval demo`'s length stage):
+    # 8 visual tokens per frame at 112x112, so 32 / 128 / 512 frames = 256 / 1,024 / 4,096 tokens
+    "synthvid_caption_f32": TaskSpec("caption", 4, 32, data.TEST_SEED + 30_000),
+    "synthvid_caption_f128": TaskSpec("caption", 4, 128, data.TEST_SEED + 40_000),
+    "synthvid_caption_f512": TaskSpec("caption", 4, 512, data.TEST_SEED + 50_000),
 }
 
 

@@ -27,6 +27,9 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 OPTION_PREFIXES = ("fly_", "lv_", "pst", "sparrow_")
 PATH_ARGS = ("pretrained", "draft")
 DEFAULT_FPS, DEFAULT_MAX_FRAMES = 2.0, 32
+# pretrained=demo samples every frame of every synthvid video: the longest task
+# (synthvid_caption_f512, lvspec_eval/demo/tasks_data.py) has 512 frames = 4,096 visual tokens
+DEMO_MAX_FRAMES = 512
 
 
 @dataclass
@@ -40,7 +43,7 @@ class ModelArgs:
     dtype: str | None = None  # default: float32 on cpu, bfloat16 on cuda
     attn_implementation: str = "sdpa"
     device_map: str | None = None
-    max_frames: int | None = None  # default 32 (demo: the long demo videos' frame count)
+    max_frames: int | None = None  # default 32 (demo: 512, the longest synthvid videos' frame count)
     fps: float | None = None  # default 2.0 (demo: the rate the demo models were trained at)
     min_pixels: int | None = None
     max_pixels: int | None = None
@@ -83,7 +86,7 @@ class ModelArgs:
         if self.fps is None:
             self.fps = demo_models.FPS if demo else DEFAULT_FPS
         if self.max_frames is None:
-            self.max_frames = demo_models.LONG_FRAMES if demo else DEFAULT_MAX_FRAMES
+            self.max_frames = DEMO_MAX_FRAMES if demo else DEFAULT_MAX_FRAMES
 
     def validate(self) -> None:
         spec = methods.resolve(self.method, self.drafter, self.verifier)  # unknown names list alternatives

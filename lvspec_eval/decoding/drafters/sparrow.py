@@ -122,7 +122,10 @@ class SparrowHead(nn.Module):
     def save(self, path: str | Path) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().float().cpu().contiguous() for k, v in self.state_dict().items()}
+        # Stored in bfloat16 (half the size; the committed demo heads count against a size budget);
+        # `load` casts to the target's dtype.
+        state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).cpu().contiguous()
+                 for k, v in self.state_dict().items()}
         save_file(state, str(path / HEAD_WEIGHTS))
         (path / HEAD_CONFIG).write_text(json.dumps({"config": self.config.to_dict(), "meta": self.meta}, indent=1))
 
