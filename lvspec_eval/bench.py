@@ -195,7 +195,8 @@ def run(args: argparse.Namespace) -> dict:
         runners = {"vanilla": Runner(args.model, "vanilla", target_backend=target, **load), **runners}
     samples = make_samples(args.task, args.limit, args.frames)
     records = run_methods(runners, samples, args.max_new_tokens)
-    result = {"task": args.task, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+    result = {"task": args.task, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "options": options,
+              "frames": args.frames,
               "methods": {m: summarise(m, recs, records["vanilla"]) for m, recs in records.items()},
               "env": environment(target.device)}
     result["vanilla_step_ms"] = result["methods"]["vanilla"]["verify_step_ms"]
