@@ -158,3 +158,18 @@ def test_sweep_scores_facts_separation_and_pareto():
             "c": {"est_speedup": 1.5, "retention": 0.8}}
     sweep.mark_pareto(rows)
     assert [n for n, r in rows.items() if r["pareto"]] == ["a", "b"]
+
+
+def test_model_drafter_proposes_the_same_tree_twice_without_a_commit(pair, video):
+    import time
+
+    target, draft = pair
+    spec = methods.resolve("sd_tree")
+    drafter, _ = methods.build(spec, methods.make_options(spec, {}), draft, target)
+    inputs = target.prepare(world.CAPTION_PROMPT, video)
+    inputs.extra["request"] = (world.CAPTION_PROMPT, video)
+    state, logits = target.prefill(inputs, visual_attention=drafter.needs_visual_attention)
+    drafter.start(target, inputs, state, time.perf_counter)
+    generated = [int(logits.argmax())]
+    first, again = drafter.propose(generated), drafter.propose(generated)
+    assert first.tokens.tolist() == again.tokens.tolist() and first.parents.tolist() == again.parents.tolist()

@@ -79,6 +79,8 @@ class ModelDrafter:
     def _refeed(self, generated: list[int]) -> torch.Tensor:
         """Feed committed tokens not yet in the draft cache; return logits after the last one."""
         new = generated[self.num_fed:]
+        if not new:  # proposed again with nothing committed since: same root as last time
+            return self._root_logits
         st = self.state
         st.pending = []
         offsets = torch.arange(len(new))
@@ -86,7 +88,8 @@ class ModelDrafter:
         logits, _ = self.active.forward(st, torch.tensor(new), offsets, visible)
         self.active.keep(st, list(range(len(new))))
         self.num_fed = len(generated)
-        return logits[-1]
+        self._root_logits = logits[-1]
+        return self._root_logits
 
     def _grow(self, root_logits: torch.Tensor) -> Draft:
         """Expand the tree level by level (growth.grow); each level is one batched draft forward."""
