@@ -111,44 +111,43 @@ def run_methods(runners: dict[str, Runner], samples: list[dict], max_new_tokens:
     return records
 
 
+def _timed_hf_generate(be, sample: dict, max_new_tokens: int) -> tuple[float, int]:
+    """(seconds, tokens before EOS) of transformers' greedy generate() from prepared inputs."""
+    inputs = be.prepare(sample["prompt"], [(sample["video"].frames, sample["video"].fps)])
+    ids = inputs.input_ids
+    extra = {"mm_token_type_ids": (ids == be.model.config.video_token_id).int() * 2} \
+        if hasattr(be.model.config, "video_token_id") and "second_per_grid_ts" in inputs.model_kwargs else {}
+    t0 = time.perf_counter()
+    out = be.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                            max_new_tokens=max_new_tokens, **inputs.model_kwargs, **extra)
+    seconds, new = time.perf_counter() - t0, out[0, ids.shape[1]:].tolist()
+    # tokens before EOS, as our loop counts them (both spent a forward on the EOS itself)
+    return seconds, next((k for k, t in enumerate(new) if t in be.eos_token_ids), len(new))
+
+
+def _timed_loop(runner: Runner, sample: dict, max_new_tokens: int) -> tuple[float, int]:
+    """(seconds end to end, tokens before EOS) of our vanilla loop."""
+    st = runner.generate(sample["prompt"], [sample["video"]], max_new_tokens).stats
+    return st["e2e_s"], st["num_new_tokens"]
+
+
 def hf_generate_baseline(runner: Runner, samples: list[dict], max_new_tokens: int) -> dict:
     """transformers' own generate() (greedy) against our vanilla loop, on the same inputs.
 
-    Per sample, both run back to back (their order alternating), each timed end to end from the
-    prepared inputs (prefill included, as generate() cannot time its decode alone), so that the
-    two see the same machine state; ours also counts the video preprocessing that generate() is
-    spared (its inputs are prepared before the clock starts). Returns both rates and their ratio.
+    Per sample, both run back to back (their order alternating), each timed end to end (prefill
+    included, as generate() cannot time its decode alone), so that the two see the same machine
+    state; ours also counts the video preprocessing that generate() is spared (its inputs are
+    prepared before the clock starts). Returns both rates and their ratio.
     """
-    be = runner.target
-    ours_s = hf_s = 0.0
-    ours_n = hf_n = 0
-    for i, s in enumerate(samples):
-        inputs = be.prepare(s["prompt"], [(s["video"].frames, s["video"].fps)])
-        ids = inputs.input_ids
-        extra = {"mm_token_type_ids": (ids == be.model.config.video_token_id).int() * 2} \
-            if hasattr(be.model.config, "video_token_id") and "second_per_grid_ts" in inputs.model_kwargs else {}
-
-        def hf() -> tuple[float, int]:
-            t0 = time.perf_counter()
-            out = be.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                    max_new_tokens=max_new_tokens, **inputs.model_kwargs, **extra)
-            seconds, new = time.perf_counter() - t0, out[0, ids.shape[1]:].tolist()
-            eos = be.model.generation_config.eos_token_id
-            eos = set(eos if isinstance(eos, list) else [eos])
-            # tokens before EOS, as our loop counts them (both spent a forward on the EOS itself)
-            return seconds, next((k for k, t in enumerate(new) if t in eos), len(new))
-
-        def ours() -> tuple[float, int]:
-            gen = runner.generate(s["prompt"], [s["video"]], max_new_tokens)
-            st = gen.stats
-            return st["e2e_s"], st["num_new_tokens"]
-
-        for fn in ((hf, ours) if i % 2 else (ours, hf)):
-            seconds, n = fn()
-            if fn is hf:
-                hf_s, hf_n = hf_s + seconds, hf_n + n
-            else:
-                ours_s, ours_n = ours_s + seconds, ours_n + n
+    totals = {"hf": [0.0, 0], "ours": [0.0, 0]}  # seconds, tokens
+    timers = {"hf": lambda s: _timed_hf_generate(runner.target, s, max_new_tokens),
+              "ours": lambda s: _timed_loop(runner, s, max_new_tokens)}
+    for i, sample in enumerate(samples):
+        for name in (("hf", "ours") if i % 2 else ("ours", "hf")):
+            seconds, n = timers[name](sample)
+            totals[name][0] += seconds
+            totals[name][1] += n
+    (hf_s, hf_n), (ours_s, ours_n) = totals["hf"], totals["ours"]
     return {"tokens_per_s": hf_n / hf_s, "seconds": hf_s, "tokens": hf_n,
             "ours_tokens_per_s": ours_n / ours_s, "ours_seconds": ours_s, "ours_tokens": ours_n,
             "ratio": (ours_n / ours_s) / (hf_n / hf_s)}

@@ -46,6 +46,7 @@ class ModelDrafter:
         self.name = ("self" if backend is None else "model") + ("+pruned" if prune else "")
         self.state: DecodeState | None = None
         self.num_fed = 0  # generated tokens already in the draft cache
+        self._root_logits: torch.Tensor | None = None  # draft logits after the last fed token
 
     def start(self, target: Backend, inputs: PreparedInputs, target_state: DecodeState, clock) -> dict:
         """Prefill the draft (after pruning, if configured); returns timings and token counts."""
