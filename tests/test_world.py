@@ -3,7 +3,8 @@ import numpy as np
 
 from judges.oracle import score_caption
 from lvspec_eval.demo import world
-from lvspec_eval.demo.train import aux_labels
+from lvspec_eval.demo import data
+from lvspec_eval.demo.train import aux_labels, coverage_labels, text_labels
 
 
 def test_scene_and_frames_deterministic():
@@ -59,3 +60,64 @@ def test_aux_labels_mark_object_tokens():
     labels = aux_labels(scene, 8, 112)
     assert labels.shape == (4 * 4 * 4, 4)
     assert (labels[:16, 0] > 0).sum() >= 1  # the first object is visible in the first frames
+
+
+def test_order_of_appearance_is_visible_at_the_trained_length():
+    """Every object first shows in its own temporal patch (frames 2t, 2t+1) at 8 frames."""
+    for seed in range(300):
+        scene = world.make_scene(seed)
+        first_patch = [min(i for i in range(8) if i / 7 + 1e-9 >= o.appear) // 2 for o in scene.objects]
+        assert first_patch == sorted(set(first_patch)), (seed, first_patch)
+
+
+def test_coverage_labels_cover_the_centre_token_and_more():
+    for seed in range(20):
+        scene = world.make_scene(seed)
+        centre, cover = aux_labels(scene, 8, 112), coverage_labels(scene, 8, 112)
+        assert cover.shape == centre.shape
+        # every object gets at least one token in each temporal patch where it is visible
+        for t in range(4):
+            visible = {o.colour for o in scene.objects if o.appear <= 2 * t / 7 + 1e-9}
+            names = list(world.COLOURS)
+            labelled = {names[c - 1] for c in cover[16 * t:16 * (t + 1), 0].tolist() if c > 0}
+            assert visible <= labelled, (seed, t, visible, labelled)
+
+
+def test_text_labels_name_the_object_at_its_mention():
+    from transformers import AutoTokenizer
+
+    from lvspec_eval.demo.build import CHECKPOINTS
+
+    demo_tokenizer = AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer")
+    colour_ids = {demo_tokenizer(" " + c).input_ids[0] for c in world.COLOURS}
+    vid = demo_tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    seen = {"caption": 0, "question": 0}
+    for seed in range(40):
+        s = data.make_sample(demo_tokenizer, vid, seed)
+        labels = text_labels(s, colour_ids)
+        marked = (labels[:, 0] > 0).nonzero().flatten().tolist()
+        if s.question is None:
+            seen["caption"] += 1
+            assert len(marked) == 2 * len(s.scene.objects)
+            for k, obj in enumerate(s.scene.objects):
+                i = marked[2 * k]  # the position predicting object k's colour word
+                assert demo_tokenizer.decode([s.input_ids[i + 1]]).strip() == obj.colour
+                assert labels[i, 1] - 1 == world.SHAPES.index(obj.shape)
+        else:
+            seen["question"] += 1
+            assert all(i == s.num_prompt - 1 for i in marked)
+    assert min(seen.values()) > 5
+
+
+def test_per_sample_loss_weighs_each_answer_equally():
+    import torch
+    import torch.nn.functional as F
+
+    from lvspec_eval.demo.train import per_sample_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 6, 9)
+    labels = torch.tensor([[-100, -100, 3, 4, 1, 7], [-100, -100, -100, -100, 2, -100]])
+    long_answer = F.cross_entropy(logits[0, 1:5], labels[0, 2:6])
+    one_letter = F.cross_entropy(logits[1, 3:4], labels[1, 4:5])
+    assert torch.allclose(per_sample_loss(logits, labels), (long_answer + one_letter) / 2)

@@ -29,15 +29,16 @@ class Sample:
     num_prompt: int  # loss is taken on the rest
     pixels: VideoPixels
     scene: world.Scene
+    question: dict | None = None  # the multiple-choice question answered, None for a caption
 
 
-def sample_task(scene: world.Scene, rng: np.random.Generator) -> tuple[str, str]:
-    """(prompt, answer): half captions, half multiple-choice questions."""
+def sample_task(scene: world.Scene, rng: np.random.Generator) -> tuple[str, str, dict | None]:
+    """(prompt, answer, question or None): half captions, half multiple-choice questions."""
     if rng.random() < 0.5:
-        return world.CAPTION_PROMPT, world.make_caption(scene, seed=int(rng.integers(1 << 30)))
+        return world.CAPTION_PROMPT, world.make_caption(scene, seed=int(rng.integers(1 << 30))), None
     qs = world.make_questions(scene)
     q = qs[int(rng.integers(len(qs)))]
-    return world.format_mcq(q), q["answer"]
+    return world.format_mcq(q), q["answer"], q
 
 
 def make_sample(tokenizer, video_token_id: int, seed: int, num_frames: int = models.FRAMES,
@@ -48,11 +49,11 @@ def make_sample(tokenizer, video_token_id: int, seed: int, num_frames: int = mod
     if noise > 0:  # mimic codec noise so the model does not rely on exact pixel values
         frames = np.clip(frames + rng.normal(0, noise, frames.shape), 0, 255).astype(np.uint8)
     pixels = preprocess_video(frames, models.FPS, models.DEMO_PREPROCESS)
-    prompt, answer = sample_task(scene, rng)
+    prompt, answer, question = sample_task(scene, rng)
     ids = tokenizer(chat_prompt(tokenizer, prompt)).input_ids
     ids = expand_video_tokens(ids, video_token_id, pixels.num_visual_tokens)
     answer_ids = tokenizer(answer).input_ids + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    return Sample(ids + answer_ids, len(ids), pixels, scene)
+    return Sample(ids + answer_ids, len(ids), pixels, scene, question)
 
 
 def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
