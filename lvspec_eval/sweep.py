@@ -42,7 +42,7 @@ AXES_HELP = "NAME=v1,v2,... (repeatable); values of one option to sweep"
 # --limit 6): the base is the verifier's defaults; settings that change how relevance is computed
 # take the probe's threshold for themselves (their similarity scales differ).
 DEFAULT_BASE: list[str] = []
-DEFAULT_AXES = ["lv_threshold=auto,auto-0.1,auto+0.05", "lv_lambda=0.02,0.1", "pst_window=0"]
+DEFAULT_AXES = ["lv_threshold=auto,auto-0.1,auto+0.05", "lv_lambda=0,0.02,0.3", "pst_window=0"]
 DEFAULT_ALSO = [*(f"{change},lv_threshold=auto" for change in ("lv_layer=4", "lv_layer=6", "lv_layer=8", "lv_topn=1",
                                                                "lv_topn=32", "lv_anchor=node", "lv_center=none")),
                 "lv_relevance=off"]  # the last: the visually blind loose verifier
