@@ -31,9 +31,10 @@ MOTIONS = ("left", "right", "up", "down", "still")
 COUNT_WORDS = ("zero", "one", "two", "three", "four")
 ORDINALS = ("first", "second", "third")
 TRAVEL = 0.42  # distance an object travels over the whole clip, as a fraction of the frame side
-# Later objects appear inside one of two windows of the clip. At the trained 8 frames (t = i/7) the
-# first window holds only frame 2 and the second only frame 4, the first frames of two different
-# temporal patches, so the order of appearance can always be read from the video. (Uniform
+# Later objects appear inside one of two windows of the clip (one in each when there are three). At
+# the trained 8 frames (t = i/7) an object appearing in the first window is first seen in frame 2 and
+# one in the second in frame 4, the first frames of two different temporal patches, so the order of
+# appearance can always be read from the video. (Uniform
 # appearance times let two objects first show in the same temporal patch in about a third of the
 # three-object scenes, where their order cannot be told.)
 APPEAR_WINDOWS = ((0.2, 0.27), (0.45, 0.55))
