@@ -53,8 +53,8 @@ from . import loose
 # its best threshold at 0.54. lv_lambda 0.1 (the draft token must have at least a tenth of the top
 # token's probability) is on the Pareto front at 100% retention; lv_lambda 0, which lets the
 # relevance gate alone decide, lost 3 visual facts in 6 captions (91.5%), and with the grounded demo
-# target every mismatch the distilled draft leaves is one the target finds implausible, so LVSpec is
-# exact here. For a real target, run the probe and sweep again: the best layer and the cosine scale
+# target nearly every mismatch the distilled draft leaves is one the target finds implausible, so
+# LVSpec is almost exact here. For a real target, run the probe and sweep again: the best layer and the cosine scale
 # differ per model.
 RULES = {
     "lv_layer": loose.Option(2, int, "1-based decoder layer whose hidden states judge relevance (-1: final norm)",
