@@ -44,12 +44,17 @@ AUX_CLASSES = {"colour": len(world.COLOURS) + 1, "shape": len(world.SHAPES) + 1,
 TOKEN_PX = 28  # pixels per merged visual token side (patch 14 x merge 2)
 
 
+def _attribute_ids(obj: world.SceneObject) -> list[int]:
+    """An object's colour, shape, size and motion as class ids in AUX_CLASSES order (0 = no object)."""
+    names = {"colour": list(world.COLOURS), "shape": list(world.SHAPES),
+             "size": list(world.SIZES), "motion": list(world.MOTIONS)}
+    return [names[k].index(getattr(obj, k)) + 1 for k in names]
+
+
 def aux_labels(scene: world.Scene, num_frames: int, size_px: int) -> torch.Tensor:
     """[num_tokens, 4] class ids (0 = no object) for each merged token, raster order (t, row, col)."""
     grid_t, grid_s = math.ceil(num_frames / 2), size_px // TOKEN_PX
     out = torch.zeros(grid_t, grid_s, grid_s, 4, dtype=torch.long)
-    names = {"colour": list(world.COLOURS), "shape": list(world.SHAPES),
-             "size": list(world.SIZES), "motion": list(world.MOTIONS)}
     for t in range(grid_t):
         time_frac = min(2 * t, num_frames - 1) / max(1, num_frames - 1)
         for obj in scene.objects:
@@ -58,7 +63,7 @@ def aux_labels(scene: world.Scene, num_frames: int, size_px: int) -> torch.Tenso
             cx, cy = obj.position(time_frac)
             r, c = int(cy * size_px) // TOKEN_PX, int(cx * size_px) // TOKEN_PX
             if 0 <= r < grid_s and 0 <= c < grid_s and out[t, r, c, 0] == 0:
-                out[t, r, c] = torch.tensor([names[k].index(getattr(obj, k)) + 1 for k in names])
+                out[t, r, c] = torch.tensor(_attribute_ids(obj))
     return out.reshape(-1, 4)
 
 
@@ -102,12 +107,6 @@ def coverage_labels(scene: world.Scene, num_frames: int, size_px: int, min_share
             best[t][sel] = share[sel]
             out[t][torch.from_numpy(sel)] = torch.tensor(_attribute_ids(obj))
     return out.reshape(-1, 4)
-
-
-def _attribute_ids(obj: world.SceneObject) -> list[int]:
-    names = {"colour": list(world.COLOURS), "shape": list(world.SHAPES),
-             "size": list(world.SIZES), "motion": list(world.MOTIONS)}
-    return [names[k].index(getattr(obj, k)) + 1 for k in names]
 
 
 def _asked_object(q: dict, scene: world.Scene) -> int | None:
