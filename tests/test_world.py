@@ -4,7 +4,7 @@ import numpy as np
 from judges.oracle import score_caption
 from lvspec_eval.demo import world
 from lvspec_eval.demo import data
-from lvspec_eval.demo.train import aux_labels, coverage_labels, text_labels
+from lvspec_eval.demo.train import _long_step, coverage_labels, coverage_owners, text_labels
 
 
 def test_scene_and_frames_deterministic():
@@ -55,13 +55,6 @@ def test_objects_stay_in_frame_and_are_drawn():
     assert (np.abs(frames[-1].astype(int) - bg).sum(-1) > 0).sum() > 100
 
 
-def test_aux_labels_mark_object_tokens():
-    scene = world.make_scene(2)
-    labels = aux_labels(scene, 8, 112)
-    assert labels.shape == (4 * 4 * 4, 4)
-    assert (labels[:16, 0] > 0).sum() >= 1  # the first object is visible in the first frames
-
-
 def test_order_of_appearance_is_visible_at_the_trained_length():
     """Every object first shows in its own temporal patch (frames 2t, 2t+1) at 8 frames."""
     for seed in range(300):
@@ -70,17 +63,29 @@ def test_order_of_appearance_is_visible_at_the_trained_length():
         assert first_patch == sorted(set(first_patch)), (seed, first_patch)
 
 
-def test_coverage_labels_cover_the_centre_token_and_more():
+def test_coverage_labels_cover_every_visible_object():
     for seed in range(20):
         scene = world.make_scene(seed)
-        centre, cover = aux_labels(scene, 8, 112), coverage_labels(scene, 8, 112)
-        assert cover.shape == centre.shape
+        owners = coverage_owners(scene, 8, 112)
+        cover = coverage_labels(owners, scene)
+        assert owners.shape == (4 * 4 * 4,) and cover.shape == (4 * 4 * 4, 4)
         # every object gets at least one token in each temporal patch where it is visible
         for t in range(4):
             visible = {o.colour for o in scene.objects if o.appear <= 2 * t / 7 + 1e-9}
             names = list(world.COLOURS)
             labelled = {names[c - 1] for c in cover[16 * t:16 * (t + 1), 0].tolist() if c > 0}
             assert visible <= labelled, (seed, t, visible, labelled)
+            # the owner ids are the objects' order of appearance, and agree with the attributes
+            for k in set(owners[16 * t:16 * (t + 1)].tolist()) - {0}:
+                assert scene.objects[k - 1].appear <= (2 * t + 1) / 7 + 1e-9
+        assert (cover[:, 0] > 0).equal(owners > 0)
+
+
+def test_long_steps_keep_the_visual_token_budget():
+    rng = np.random.default_rng(0)
+    steps = [_long_step(step, 16, rng) for step in range(40)]
+    assert steps.count((8, 16)) == 36
+    assert all(frames * n == 8 * 16 for frames, n in steps)
 
 
 def test_text_labels_name_the_object_at_its_mention():

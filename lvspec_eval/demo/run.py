@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -52,18 +53,18 @@ def run_lmms_eval(method: str, run_dir: Path, tasks: tuple[str, ...], limit: int
     """One real lmms-eval CLI run, in-process; returns its results file or raises."""
     from lmms_eval.__main__ import cli_evaluate
 
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # A rerun replaces the method's previous run (results, samples, stats): the report reads one.
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
     stats = run_dir / "stats.jsonl"
-    stats.unlink(missing_ok=True)
     model_args = f"pretrained=demo,draft=demo-draft,method={method},stats_path={stats}" + (
         f",{extra_args}" if extra_args else "")
     argv = ["lmms-eval", "--model", "lvspec", "--model_args", model_args, "--tasks", ",".join(tasks),
             "--include_path", str(TASKS_DIR), "--limit", str(limit), "--output_path", str(run_dir),
             "--log_samples", "--verbosity", "INFO"]
-    before = set(results_files(run_dir))
     with mock.patch.object(sys, "argv", argv):
         cli_evaluate()
-    new = [p for p in results_files(run_dir) if p not in before]
+    new = results_files(run_dir)
     if not new:
         raise RuntimeError(f"lmms-eval wrote no results for method {method!r} in {run_dir}; see the log above")
     return new[-1]

@@ -1,21 +1,25 @@
 """Training of the demo world's target and draft (`lvspec-eval build-demo`).
 
-Target, in two stages, trained from scratch on captions and multiple-choice answers of
-procedurally generated scenes:
-1. An auxiliary head on the vision tower's merged tokens predicts, for each token, the colour,
-   shape, size and motion of the object centred in it (training only; not part of the shipped
-   model). That dense signal is what makes colour, size and motion learnable in about an hour on
-   two CPU cores, where the language-model loss alone leaves the model ignoring the video for long.
-2. Grounding. After stage 1 the vision tower encodes shape (a linear probe reads it from the
-   object's centre token 97% of the time) but the language model never reads it: shape words stay
-   at chance, because nothing carries shape into the text positions where it would be used, so the
-   language-model loss has no gradient to build that path (a deadlock, not a capacity limit).
-   Stage 2 labels every visual token that holds at least 30% of an object (not only its centre),
-   makes each such token name its shape through the model's own norm and lm_head, and adds linear
-   probes on the hidden states of the text positions that name an object (the positions that
-   predict its colour and shape words in a caption, and the answer position of a question about
-   it) which must predict that object's attributes. The probes are dropped after training. The
-   language-model loss becomes a per-sample mean, so that one-letter answers count.
+Target, trained from scratch on captions and multiple-choice answers of procedurally generated
+scenes, in one run (bfloat16 autocast: the CPU's bf16 matrix units make a step about 20% faster).
+Besides the language-model loss (a per-sample mean, so that one-letter answers count as much as
+25-token captions), four training-only signals, dropped after training, make grounding learnable
+in about an hour on two CPU cores, where the language-model loss alone leaves the model ignoring
+the video for long:
+- an auxiliary head on the vision tower's merged tokens: every token holding at least 30% of an
+  object predicts its colour, shape, size and motion, and names its shape through the model's own
+  norm and lm_head;
+- linear probes on layers 2/4/6 at the text positions that name an object (the positions that
+  predict its colour and shape words in a caption, and the answer position of a question about
+  it), which must predict that object's attributes. Without them the vision tower encoded shape
+  (a linear probe read it 97% of the time) while the language model stated it at chance: nothing
+  carried shape into the text positions, so the language-model loss had no gradient to build
+  that path (a deadlock, not a capacity limit; results/training/experiments/);
+- a probe on layer 4 at the visual positions: which object (first, second, third to appear) the
+  token holds. The vision tower attends within one temporal patch, so telling the second object
+  from the third is the language model's comparison across patches;
+- every tenth step is a batch of 16- or 32-frame videos (same visual-token budget), so the model
+  is not fitted to one length only.
 
 Draft: a smaller Qwen2.5-VL whose vision blocks start as a frozen copy of the target's, trained
 by distillation on the target's next-token distributions over the same kind of data (as EAGLE-
@@ -51,22 +55,6 @@ def _attribute_ids(obj: world.SceneObject) -> list[int]:
     return [names[k].index(getattr(obj, k)) + 1 for k in names]
 
 
-def aux_labels(scene: world.Scene, num_frames: int, size_px: int) -> torch.Tensor:
-    """[num_tokens, 4] class ids (0 = no object) for each merged token, raster order (t, row, col)."""
-    grid_t, grid_s = math.ceil(num_frames / 2), size_px // TOKEN_PX
-    out = torch.zeros(grid_t, grid_s, grid_s, 4, dtype=torch.long)
-    for t in range(grid_t):
-        time_frac = min(2 * t, num_frames - 1) / max(1, num_frames - 1)
-        for obj in scene.objects:
-            if time_frac + 1e-9 < obj.appear:
-                continue
-            cx, cy = obj.position(time_frac)
-            r, c = int(cy * size_px) // TOKEN_PX, int(cx * size_px) // TOKEN_PX
-            if 0 <= r < grid_s and 0 <= c < grid_s and out[t, r, c, 0] == 0:
-                out[t, r, c] = torch.tensor(_attribute_ids(obj))
-    return out.reshape(-1, 4)
-
-
 class AuxHead(torch.nn.Module):
     def __init__(self, hidden: int):
         super().__init__()
@@ -81,17 +69,17 @@ class AuxHead(torch.nn.Module):
         return sum(losses) / len(losses)
 
 
-def coverage_labels(scene: world.Scene, num_frames: int, size_px: int, min_share: float = 0.3) -> torch.Tensor:
-    """Like `aux_labels`, but every merged token that holds at least `min_share` of an object's
-    pixels (averaged over the temporal patch's two frames), and always the one that holds most,
-    is labelled with that object."""
+def coverage_owners(scene: world.Scene, num_frames: int, size_px: int, min_share: float = 0.3) -> torch.Tensor:
+    """[num_tokens] which object (k + 1 for scene.objects[k], the k-th to appear; 0 = none) each
+    merged token holds: every token with at least `min_share` of an object's pixels (averaged over
+    the temporal patch's two frames), and always the one that holds most; the larger share wins."""
     grid_t, grid_s = math.ceil(num_frames / 2), size_px // TOKEN_PX
-    out = torch.zeros(grid_t, grid_s, grid_s, 4, dtype=torch.long)
+    out = torch.zeros(grid_t, grid_s, grid_s, dtype=torch.long)
     best = np.zeros((grid_t, grid_s, grid_s))
     ys, xs = np.mgrid[0:size_px, 0:size_px].astype(np.float32)
     for t in range(grid_t):
         frames = sorted({min(2 * t, num_frames - 1), min(2 * t + 1, num_frames - 1)})
-        for obj in scene.objects:
+        for k, obj in enumerate(scene.objects):
             share = np.zeros((grid_s, grid_s))
             for f in frames:
                 time_frac = f / max(1, num_frames - 1)
@@ -105,8 +93,14 @@ def coverage_labels(scene: world.Scene, num_frames: int, size_px: int, min_share
                 continue
             sel = ((share >= min_share) | (share == share.max())) & (share > best[t])
             best[t][sel] = share[sel]
-            out[t][torch.from_numpy(sel)] = torch.tensor(_attribute_ids(obj))
-    return out.reshape(-1, 4)
+            out[t][torch.from_numpy(sel)] = k + 1
+    return out.reshape(-1)
+
+
+def coverage_labels(owners: torch.Tensor, scene: world.Scene) -> torch.Tensor:
+    """[num_tokens, 4] the attribute ids (`_attribute_ids`; 0 = none) of the object each token holds."""
+    table = torch.tensor([[0, 0, 0, 0]] + [_attribute_ids(obj) for obj in scene.objects])
+    return table[owners]
 
 
 def _asked_object(q: dict, scene: world.Scene) -> int | None:
@@ -146,7 +140,7 @@ def text_labels(sample: data.Sample, colour_ids: set[int]) -> torch.Tensor:
 
 
 class TextProbes(torch.nn.Module):
-    """Linear attribute probes on the language model's hidden states at a few layers (stage 2)."""
+    """Linear attribute probes on the language model's hidden states at a few layers (training only)."""
 
     def __init__(self, hidden: int, layers: tuple[int, ...]):
         super().__init__()
@@ -268,74 +262,67 @@ def load_or_train_tokenizer(out: Path):
     return tok
 
 
-def train_target(work: Path, out: Path, steps: int, ground_steps: int = 1800, batch_size: int = 16,
-                 lr: float = 1.5e-3, eval_every: int = 500, seed: int = 0) -> Path:
-    """Stage 1 for `steps`, then stage 2 (grounding) for `ground_steps`; writes <out>/target."""
+LONG_EVERY = 10
+
+
+def _long_step(step: int, batch_size: int, rng: np.random.Generator) -> tuple[int, int]:
+    """(frames, samples) for a step: every LONG_EVERY-th step is a batch of 16- or 32-frame videos
+    with as many visual tokens in all as a normal batch, so the model sees more than one length."""
+    if step % LONG_EVERY != LONG_EVERY - 1:
+        return models.FRAMES, batch_size
+    frames = int(rng.choice((16, 32)))
+    return frames, max(1, batch_size * models.FRAMES // frames)
+
+
+
+class OrderProbe(torch.nn.Module):
+    """Linear probe on the language model's hidden states at the visual positions: which object
+    (first, second or third to appear) the token holds. The vision tower attends within one
+    temporal patch only, so telling the second object from the third is the language model's work;
+    this gives that comparison a direct signal (training only)."""
+
+    def __init__(self, hidden: int, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.proj = torch.nn.Linear(hidden, len(world.ORDINALS) + 1)
+
+    def loss(self, hidden_states: tuple[torch.Tensor, ...], video_mask: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
+        logits = self.proj(hidden_states[self.layer][video_mask].float())
+        weight = torch.where(owners > 0, 1.0, 0.2)
+        return (F.cross_entropy(logits, owners, reduction="none") * weight).sum() / weight.sum()
+
+
+def train_target(work: Path, out: Path, steps: int, batch_size: int = 16, lr: float = 1.5e-3,
+                 eval_every: int = 500, seed: int = 0) -> Path:
+    """Trains the target from scratch (see the module docstring); writes <out>/target."""
     torch.manual_seed(seed)
     tok = load_or_train_tokenizer(out / "tokenizer")
     model = Qwen2_5_VLForConditionalGeneration(models.target_config(tok)).float()
-    aux = AuxHead(model.config.text_config.hidden_size)
-    params = list(model.parameters()) + list(aux.parameters())
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    ckpt, log = work / "target.ckpt", work / "train_target.log"
-    start = _resume(ckpt, {"model": model, "aux": aux}, opt)
-    model.train()
-    rng = np.random.default_rng(seed + start)
-    bar = tqdm(range(start, steps), initial=start, total=steps, desc="target", mininterval=5)
-    t0 = time.time()
-    for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = _lr(step, steps, lr)
-        seeds = range(data.TRAIN_SEED + step * batch_size, data.TRAIN_SEED + (step + 1) * batch_size)
-        samples = [data.make_sample(tok, model.config.video_token_id, s, rng=rng, noise=4.0) for s in seeds]
-        batch = data.collate(samples, tok.pad_token_id)
-        labels_aux = torch.cat([aux_labels(s.scene, models.FRAMES, models.FRAME_SIZE) for s in samples])
-        embeds, pos, feats = _embed_inputs(model, batch)
-        out_ = model(inputs_embeds=embeds, position_ids=pos, attention_mask=batch["attention_mask"],
-                     labels=batch["labels"])
-        aux_loss = aux.loss(feats, labels_aux)
-        loss = out_.loss + aux_loss
-        _optimise(opt, loss, params)
-        if step % 25 == 0:
-            rate = (step + 1 - start) * batch_size / (time.time() - t0)
-            bar.set_postfix(lm=f"{out_.loss.item():.3f}", aux=f"{aux_loss.item():.3f}", sps=f"{rate:.1f}")
-            _log(log, {"step": step, "lm_loss": out_.loss.item(), "aux_loss": aux_loss.item(),
-                       "samples_per_s": rate, "time": time.time()})
-        if (step + 1) % eval_every == 0 or step + 1 == steps:
-            _checkpoint(ckpt, {"model": model, "aux": aux}, opt, step + 1)
-            _log(log, {"step": step + 1, "eval": evaluate(model, tok), "time": time.time()})
-            model.save_pretrained(work / "target_latest", safe_serialization=True)
-    _ground(work, model, aux, tok, start=steps, steps=ground_steps, batch_size=batch_size, seed=seed)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out / "target", safe_serialization=True)
-    tok.save_pretrained(out / "target")
-    return out / "target"
-
-
-def _ground(work: Path, model, aux: AuxHead, tok, start: int, steps: int, batch_size: int, seed: int,
-            lr: float = 5e-4, warmup: int = 50, eval_every: int = 300) -> None:
-    """Stage 2 (see the module docstring): steps `start`..`start+steps` of the same sample stream,
-    in bfloat16 autocast (the CPU's bf16 matrix units make a step about 20% faster)."""
-    probes = TextProbes(model.config.text_config.hidden_size, layers=(2, 4, 6))
+    hidden = model.config.text_config.hidden_size
+    aux, probes, order = AuxHead(hidden), TextProbes(hidden, layers=(2, 4, 6)), OrderProbe(hidden, layer=4)
+    modules = {"model": model, "aux": aux, "probes": probes, "order": order}
     shape_word_ids = torch.tensor([tok(" " + s).input_ids[0] for s in world.SHAPES])
     colour_ids = {tok(" " + c).input_ids[0] for c in world.COLOURS}
     norm, lm_head = model.model.language_model.norm, model.lm_head
-    params = list(model.parameters()) + list(aux.parameters()) + list(probes.parameters())
+    params = [p for m in modules.values() for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    ckpt, log = work / "ground.ckpt", work / "train_target.log"
-    done = _resume(ckpt, {"model": model, "aux": aux, "probes": probes}, opt)
+    ckpt, log = work / "target.ckpt", work / "train_target.log"
+    start = _resume(ckpt, modules, opt)
     model.train()
-    rng = np.random.default_rng(seed + 11 + done)
-    bar = tqdm(range(done, steps), initial=done, total=steps, desc="target (grounding)", mininterval=5)
-    t0 = time.time()
-    for k in bar:
+    rng = np.random.default_rng(seed + start)
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc="target", mininterval=5)
+    t0, seen = time.time(), 0
+    for step in bar:
         for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (k + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * k / steps)))
-        step = start + k
-        seeds = range(data.TRAIN_SEED + step * batch_size, data.TRAIN_SEED + (step + 1) * batch_size)
-        samples = [data.make_sample(tok, model.config.video_token_id, s, rng=rng, noise=4.0) for s in seeds]
+            g["lr"] = _lr(step, steps, lr)
+        frames, n = _long_step(step, batch_size, rng)
+        seeds = range(data.TRAIN_SEED + step * batch_size, data.TRAIN_SEED + step * batch_size + n)
+        samples = [data.make_sample(tok, model.config.video_token_id, s, num_frames=frames, rng=rng, noise=4.0)
+                   for s in seeds]
         batch = data.collate(samples, tok.pad_token_id)
-        labels_vis = torch.cat([coverage_labels(s.scene, models.FRAMES, models.FRAME_SIZE) for s in samples])
+        per_sample = [coverage_owners(s.scene, frames, models.FRAME_SIZE) for s in samples]
+        owners = torch.cat(per_sample)
+        labels_vis = torch.cat([coverage_labels(o, s.scene) for o, s in zip(per_sample, samples)])
         length = batch["input_ids"].shape[1]
         labels_text = torch.stack([F.pad(text_labels(s, colour_ids), (0, 0, 0, length - len(s.input_ids)))
                                    for s in samples])
@@ -349,18 +336,24 @@ def _ground(work: Path, model, aux: AuxHead, tok, start: int, steps: int, batch_
         shape_word = F.cross_entropy(lm_head(norm(feats[covered]))[:, shape_word_ids], labels_vis[covered, 1] - 1)
         aux_loss = aux.loss(feats, labels_vis)
         probe_loss = probes.loss(out_.hidden_states, labels_text)
-        loss = lm_loss + aux_loss + shape_word + probe_loss
+        order_loss = order.loss(out_.hidden_states, batch["input_ids"] == model.config.video_token_id, owners)
+        loss = lm_loss + aux_loss + shape_word + probe_loss + order_loss
         _optimise(opt, loss, params)
-        if k % 25 == 0:
-            rate = (k + 1 - done) * batch_size / (time.time() - t0)
+        seen += n
+        if step % 25 == 0:
+            rate = seen / (time.time() - t0)
             bar.set_postfix(lm=f"{lm_loss.item():.3f}", probe=f"{probe_loss.item():.3f}", sps=f"{rate:.1f}")
-            _log(log, {"step": step, "stage": 2, "lm_loss": lm_loss.item(), "aux_loss": aux_loss.item(),
+            _log(log, {"step": step, "frames": frames, "lm_loss": lm_loss.item(), "aux_loss": aux_loss.item(),
                        "shape_word_loss": shape_word.item(), "probe_loss": probe_loss.item(),
-                       "samples_per_s": rate, "time": time.time()})
-        if (k + 1) % eval_every == 0 or k + 1 == steps:
-            _checkpoint(ckpt, {"model": model, "aux": aux, "probes": probes}, opt, k + 1)
-            _log(log, {"step": step + 1, "stage": 2, "eval": evaluate(model, tok), "time": time.time()})
+                       "order_loss": order_loss.item(), "samples_per_s": rate, "time": time.time()})
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            _checkpoint(ckpt, modules, opt, step + 1)
+            _log(log, {"step": step + 1, "eval": evaluate(model, tok), "time": time.time()})
     model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out / "target", safe_serialization=True)
+    tok.save_pretrained(out / "target")
+    return out / "target"
 
 
 def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size: int = 16,

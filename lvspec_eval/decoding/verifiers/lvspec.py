@@ -49,13 +49,13 @@ from ..types import EXACT, LOOSE, PST, TARGET, Draft, Scores, Verdict
 from . import loose
 
 # Defaults from `lvspec-eval sweep` on the demo pair (results/sweep/sweep.md): layer 2 of the 8-layer
-# demo target separates visual words from fillers best (AUC 0.84 vs 0.69-0.74 at layers 4-8), with
-# its best threshold at 0.54. lv_lambda 0.1 (the draft token must have at least a tenth of the top
+# demo target separates visual words from fillers best (AUC 0.73 vs 0.63-0.67 at layers 4-8), with
+# its best threshold at 0.50. lv_lambda 0.1 (the draft token must have at least a tenth of the top
 # token's probability) is on the Pareto front at 100% retention; lv_lambda 0, which lets the
-# relevance gate alone decide, lost 3 visual facts in 6 captions (91.5%), and with the grounded demo
-# target nearly every mismatch the distilled draft leaves is one the target finds implausible, so
-# LVSpec is almost exact here. For a real target, run the probe and sweep again: the best layer and the cosine scale
-# differ per model.
+# relevance gate alone decide, lost 11 visual facts in 6 captions (87.9%). With the grounded demo
+# target every mismatch the distilled draft leaves is one the target finds implausible, so LVSpec
+# is exact here. For a real target, run the probe and sweep again: the best layer and the cosine
+# scale differ per model.
 RULES = {
     "lv_layer": loose.Option(2, int, "1-based decoder layer whose hidden states judge relevance (-1: final norm)",
                              low=-1),

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Re-measures every figure in the README's "Measured figures" with the committed checkpoints, in
+# the order the README gives them (about 25 minutes on an idle 2-core CPU). Run it after
+# `make demo` (or `make install`) from the repository root; each step logs to results/measure_all.log.
+# Timings on a shared CPU drift: run it on an otherwise idle machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PATH"
+LOG=results/measure_all.log
+: > "$LOG"
+
+step() {
+  echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"
+  "$@" 2>&1 | tail -n 40 >> "$LOG"
+}
+
+step lvspec-eval demo
+step lvspec-eval bench --methods vanilla,sd_tree,specvlm,fly,lvspec --task synthvid_caption --limit 20 --hf-baseline --out results/bench/caption_short.json
+step lvspec-eval bench --methods vanilla,sd_tree,specvlm,sparrow --limit 10 --out results/bench/sparrow_short.json
+step python scripts/measure_model_cost.py 300 2
+step lvspec-eval bench --methods vanilla,sd_tree --limit 8 --options tree=dynamic,tree_depth=5,tree_topk=10,tree_total=60 --out results/bench/verify60.json
+step lvspec-eval bench --methods vanilla,sd_tree,specvlm,sparrow --task synthvid_caption_long --frames 512 --limit 2 --out results/bench/sparrow_4096.json
+for opt in "" sparrow_head=lvspec_eval/demo/checkpoints/sparrow_noivsb sparrow_head=lvspec_eval/demo/checkpoints/sparrow_nomtp sparrow_hsr=off; do
+  # shellcheck disable=SC2086
+  step python scripts/measure_sparrow_tau.py 40 $opt
+done
+step lvspec-eval bench --methods vanilla,specvlm,lvspec --limit 20 --options tree_depth=12,tree_total=24 --out results/bench/depth12.json
+step lvspec-eval sweep
+step lvspec-eval sweep --no-probe --vary pst_window=2 --also "tree_depth=12,tree_total=24" \
+  --also "tree_depth=12,tree_total=24,lv_relevance=off" --also "tree=chain,tree_depth=15" --out results/sweep/explore_depth
+step lvspec-eval bench --methods vanilla,sd_tree,specvlm,fly,lvspec --task synthvid_mcq --limit 40 --max-new-tokens 4 --out results/bench/mcq.json
+rm -rf results/competence/run
+step lmms-eval --model lvspec \
+  --model_args pretrained=demo,method=vanilla,stats_path=results/competence/run/stats.jsonl \
+  --tasks synthvid_caption,synthvid_mcq,synthvid_caption_long --include_path tasks \
+  --output_path results/competence/run --log_samples
+# lmms-eval writes absolute paths into its results: keep the committed files machine-independent.
+grep -rl "$PWD/" results/ | xargs -r sed -i "s|$PWD/||g"
+echo "== done $(date -u +%H:%M:%S)" | tee -a "$LOG"
