@@ -292,18 +292,54 @@ class OrderProbe(torch.nn.Module):
         return (F.cross_entropy(logits, owners, reduction="none") * weight).sum() / weight.sum()
 
 
+def training_heads(hidden: int) -> dict[str, torch.nn.Module]:
+    """The training-only heads of the target's recipe (dropped after training)."""
+    return {"aux": AuxHead(hidden), "probes": TextProbes(hidden, layers=(2, 4, 6)), "order": OrderProbe(hidden, layer=4)}
+
+
+def word_ids(tok) -> tuple[torch.Tensor, set[int]]:
+    """(ids of the shape words in world.SHAPES order, ids of the colour words)."""
+    return (torch.tensor([tok(" " + s).input_ids[0] for s in world.SHAPES]),
+            {tok(" " + c).input_ids[0] for c in world.COLOURS})
+
+
+def target_losses(model, heads: dict, samples: list[data.Sample], frames: int,
+                  words: tuple[torch.Tensor, set[int]]) -> dict[str, torch.Tensor]:
+    """The recipe's losses on one batch (see the module docstring): the language-model loss and the
+    four training-only signals, by name; `heads` holds the `training_heads`."""
+    shape_word_ids, colour_ids = words
+    vid = model.config.video_token_id
+    batch = data.collate(samples, model.config.pad_token_id)
+    per_sample = [coverage_owners(s.scene, frames, models.FRAME_SIZE) for s in samples]
+    owners = torch.cat(per_sample)
+    labels_vis = torch.cat([coverage_labels(o, s.scene) for o, s in zip(per_sample, samples)])
+    length = batch["input_ids"].shape[1]
+    labels_text = torch.stack([F.pad(text_labels(s, colour_ids), (0, 0, 0, length - len(s.input_ids)))
+                               for s in samples])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        embeds, pos, feats = _embed_inputs(model, batch)
+        out = model(inputs_embeds=embeds, position_ids=pos, attention_mask=batch["attention_mask"],
+                    output_hidden_states=True)
+    feats = feats.float()
+    covered = labels_vis[:, 1] > 0
+    shape_logits = model.lm_head(model.model.language_model.norm(feats[covered]))[:, shape_word_ids]
+    return {
+        "lm": per_sample_loss(out.logits.float(), batch["labels"]),
+        "aux": heads["aux"].loss(feats, labels_vis),
+        "shape_word": F.cross_entropy(shape_logits, labels_vis[covered, 1] - 1),
+        "probe": heads["probes"].loss(out.hidden_states, labels_text),
+        "order": heads["order"].loss(out.hidden_states, batch["input_ids"] == vid, owners),
+    }
+
+
 def train_target(work: Path, out: Path, steps: int, batch_size: int = 16, lr: float = 1.5e-3,
                  eval_every: int = 500, seed: int = 0) -> Path:
     """Trains the target from scratch (see the module docstring); writes <out>/target."""
     torch.manual_seed(seed)
     tok = load_or_train_tokenizer(out / "tokenizer")
     model = Qwen2_5_VLForConditionalGeneration(models.target_config(tok)).float()
-    hidden = model.config.text_config.hidden_size
-    aux, probes, order = AuxHead(hidden), TextProbes(hidden, layers=(2, 4, 6)), OrderProbe(hidden, layer=4)
-    modules = {"model": model, "aux": aux, "probes": probes, "order": order}
-    shape_word_ids = torch.tensor([tok(" " + s).input_ids[0] for s in world.SHAPES])
-    colour_ids = {tok(" " + c).input_ids[0] for c in world.COLOURS}
-    norm, lm_head = model.model.language_model.norm, model.lm_head
+    modules = {"model": model, **training_heads(model.config.text_config.hidden_size)}
+    words = word_ids(tok)
     params = [p for m in modules.values() for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     ckpt, log = work / "target.ckpt", work / "train_target.log"
@@ -319,33 +355,15 @@ def train_target(work: Path, out: Path, steps: int, batch_size: int = 16, lr: fl
         seeds = range(data.TRAIN_SEED + step * batch_size, data.TRAIN_SEED + step * batch_size + n)
         samples = [data.make_sample(tok, model.config.video_token_id, s, num_frames=frames, rng=rng, noise=4.0)
                    for s in seeds]
-        batch = data.collate(samples, tok.pad_token_id)
-        per_sample = [coverage_owners(s.scene, frames, models.FRAME_SIZE) for s in samples]
-        owners = torch.cat(per_sample)
-        labels_vis = torch.cat([coverage_labels(o, s.scene) for o, s in zip(per_sample, samples)])
-        length = batch["input_ids"].shape[1]
-        labels_text = torch.stack([F.pad(text_labels(s, colour_ids), (0, 0, 0, length - len(s.input_ids)))
-                                   for s in samples])
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            embeds, pos, feats = _embed_inputs(model, batch)
-            out_ = model(inputs_embeds=embeds, position_ids=pos, attention_mask=batch["attention_mask"],
-                         output_hidden_states=True)
-        lm_loss = per_sample_loss(out_.logits.float(), batch["labels"])
-        feats = feats.float()
-        covered = labels_vis[:, 1] > 0
-        shape_word = F.cross_entropy(lm_head(norm(feats[covered]))[:, shape_word_ids], labels_vis[covered, 1] - 1)
-        aux_loss = aux.loss(feats, labels_vis)
-        probe_loss = probes.loss(out_.hidden_states, labels_text)
-        order_loss = order.loss(out_.hidden_states, batch["input_ids"] == model.config.video_token_id, owners)
-        loss = lm_loss + aux_loss + shape_word + probe_loss + order_loss
+        losses = target_losses(model, modules, samples, frames, words)
+        loss = sum(losses.values())
         _optimise(opt, loss, params)
         seen += n
         if step % 25 == 0:
             rate = seen / (time.time() - t0)
-            bar.set_postfix(lm=f"{lm_loss.item():.3f}", probe=f"{probe_loss.item():.3f}", sps=f"{rate:.1f}")
-            _log(log, {"step": step, "frames": frames, "lm_loss": lm_loss.item(), "aux_loss": aux_loss.item(),
-                       "shape_word_loss": shape_word.item(), "probe_loss": probe_loss.item(),
-                       "order_loss": order_loss.item(), "samples_per_s": rate, "time": time.time()})
+            bar.set_postfix(lm=f"{losses['lm'].item():.3f}", probe=f"{losses['probe'].item():.3f}", sps=f"{rate:.1f}")
+            _log(log, {"step": step, "frames": frames, **{f"{k}_loss": v.item() for k, v in losses.items()},
+                       "samples_per_s": rate, "time": time.time()})
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             _checkpoint(ckpt, modules, opt, step + 1)
             _log(log, {"step": step + 1, "eval": evaluate(model, tok), "time": time.time()})

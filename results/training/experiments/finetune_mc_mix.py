@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from lvspec_eval.demo import data, models, train, world
@@ -17,9 +16,7 @@ torch.set_num_threads(2)
 ckpt, steps, lr, out = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4])
 tok = AutoTokenizer.from_pretrained("lvspec_eval/demo/checkpoints/tokenizer")
 model = Qwen2_5_VLForConditionalGeneration(models.target_config(tok)).float()
-hidden = model.config.text_config.hidden_size
-aux, probes, order = train.AuxHead(hidden), train.TextProbes(hidden, (2, 4, 6)), train.OrderProbe(hidden, 4)
-modules = {"model": model, "aux": aux, "probes": probes, "order": order}
+modules = {"model": model, **train.training_heads(model.config.text_config.hidden_size)}
 params = [p for m in modules.values() for p in m.parameters()]
 opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
 start = train._resume(ckpt, modules, opt)
@@ -37,9 +34,7 @@ def sample_task(scene, rng):
 
 
 data.sample_task = sample_task
-shape_word_ids = torch.tensor([tok(" " + s).input_ids[0] for s in world.SHAPES])
-colour_ids = {tok(" " + c).input_ids[0] for c in world.COLOURS}
-norm, lm_head = model.model.language_model.norm, model.lm_head
+words = train.word_ids(tok)
 rng = np.random.default_rng(77)
 model.train()
 t0 = time.time()
@@ -49,25 +44,11 @@ for k in range(steps):
     step = 10_000 + k  # fresh scenes, past the shipped run's
     seeds = range(data.TRAIN_SEED + step * 16, data.TRAIN_SEED + (step + 1) * 16)
     samples = [data.make_sample(tok, model.config.video_token_id, s, rng=rng, noise=4.0) for s in seeds]
-    batch = data.collate(samples, tok.pad_token_id)
-    per_sample = [train.coverage_owners(s.scene, models.FRAMES, models.FRAME_SIZE) for s in samples]
-    owners = torch.cat(per_sample)
-    labels_vis = torch.cat([train.coverage_labels(o, s.scene) for o, s in zip(per_sample, samples)])
-    length = batch["input_ids"].shape[1]
-    labels_text = torch.stack([F.pad(train.text_labels(s, colour_ids), (0, 0, 0, length - len(s.input_ids)))
-                               for s in samples])
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        embeds, pos, feats = train._embed_inputs(model, batch)
-        o = model(inputs_embeds=embeds, position_ids=pos, attention_mask=batch["attention_mask"], output_hidden_states=True)
-    lm_loss = train.per_sample_loss(o.logits.float(), batch["labels"])
-    feats = feats.float()
-    covered = labels_vis[:, 1] > 0
-    shape_word = F.cross_entropy(lm_head(norm(feats[covered]))[:, shape_word_ids], labels_vis[covered, 1] - 1)
-    loss = (lm_loss + aux.loss(feats, labels_vis) + shape_word + probes.loss(o.hidden_states, labels_text)
-            + order.loss(o.hidden_states, batch["input_ids"] == model.config.video_token_id, owners))
+    losses = train.target_losses(model, modules, samples, models.FRAMES, words)
+    loss = sum(losses.values())
     train._optimise(opt, loss, params)
     if k % 25 == 0:
-        print(f"step {k} lm {lm_loss.item():.3f} loss {loss.item():.3f} {time.time() - t0:.0f}s", flush=True)
+        print(f"step {k} lm {losses['lm'].item():.3f} loss {loss.item():.3f} {time.time() - t0:.0f}s", flush=True)
 model.eval()
 model.save_pretrained(out, safe_serialization=True)
 print("saved", out, f"{time.time() - t0:.0f}s")
