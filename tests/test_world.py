@@ -4,7 +4,7 @@ import numpy as np
 from judges.oracle import score_caption
 from lvspec_eval.demo import world
 from lvspec_eval.demo import data
-from lvspec_eval.demo.train import _long_step, coverage_labels, coverage_owners, text_labels
+from lvspec_eval.demo.train import _long_step, _step_plan, coverage_labels, coverage_owners, text_labels
 
 
 def test_scene_and_frames_deterministic():
@@ -86,6 +86,30 @@ def test_long_steps_keep_the_visual_token_budget():
     steps = [_long_step(step, 16, rng) for step in range(40)]
     assert steps.count((8, 16)) == 36
     assert all(frames * n == 8 * 16 for frames, n in steps)
+
+
+def test_question_phase_ends_the_run_on_its_own_schedule_and_mix():
+    rng = np.random.default_rng(0)
+    plan = [_step_plan(step, 3600, 400, 16, 1.5e-3, 3e-4, rng) for step in range(3600)]
+    assert all(mix == data.TaskMix() for _, _, _, mix in plan[:3200])
+    assert any(frames != 8 for _, frames, _, _ in plan[:3200])  # the main phase has its long steps
+    assert all(p[1:] == (8, 16, data.QUESTION_MIX) for p in plan[3200:])
+    lrs = [lr for lr, *_ in plan]
+    assert max(lrs[:3200]) == 1.5e-3 and lrs[3199] < 1e-4  # the main schedule ends within the main phase
+    peak = max(range(3200, 3600), key=lrs.__getitem__)
+    assert peak < 3230 and 2.9e-4 < lrs[peak] <= 3e-4 and lrs[3200] < lrs[peak] / 10  # a fresh warm-up,
+    assert lrs[3300] > lrs[3500] > lrs[-1] and lrs[-1] < 1e-8  # then a decay to zero
+
+
+def test_question_mix_favours_motion_and_order_questions():
+    rng = np.random.default_rng(0)
+    kinds = {"caption": 0, "hard": 0, "other": 0}
+    for seed in range(400):
+        _, answer, q = data.sample_task(world.make_scene(seed), rng, data.QUESTION_MIX)
+        kinds["caption" if q is None else "hard" if q["kind"] in data.HARD_KINDS else "other"] += 1
+        assert q is None or answer == q["answer"]
+    assert 70 <= kinds["caption"] <= 130  # 25%
+    assert kinds["hard"] > 1.5 * kinds["other"]  # 60% of questions plus their share of the rest
 
 
 def test_text_labels_name_the_object_at_its_mention():

@@ -32,24 +32,41 @@ class Sample:
     question: dict | None = None  # the multiple-choice question answered, None for a caption
 
 
-def sample_task(scene: world.Scene, rng: np.random.Generator) -> tuple[str, str, dict | None]:
-    """(prompt, answer, question or None): half captions, half multiple-choice questions."""
-    if rng.random() < 0.5:
+HARD_KINDS = ("motion", "order")
+
+
+@dataclass(frozen=True)
+class TaskMix:
+    """How training samples are drawn: a caption with probability `caption`, else a multiple-choice
+    question; with probability `hard` that question is of a HARD_KINDS kind (the questions whose
+    one-letter answer must find the object named in the question, which the target learns last)."""
+    caption: float = 0.5
+    hard: float = 0.0
+
+
+QUESTION_MIX = TaskMix(caption=0.25, hard=0.6)
+
+
+def sample_task(scene: world.Scene, rng: np.random.Generator, mix: TaskMix = TaskMix()) -> tuple[str, str, dict | None]:
+    """(prompt, answer, question or None) drawn by `mix` (default: half captions, half questions)."""
+    if rng.random() < mix.caption:
         return world.CAPTION_PROMPT, world.make_caption(scene, seed=int(rng.integers(1 << 30))), None
     qs = world.make_questions(scene)
+    if mix.hard > 0 and rng.random() < mix.hard:
+        qs = [q for q in qs if q["kind"] in HARD_KINDS] or qs
     q = qs[int(rng.integers(len(qs)))]
     return world.format_mcq(q), q["answer"], q
 
 
 def make_sample(tokenizer, video_token_id: int, seed: int, num_frames: int = models.FRAMES,
-                rng: np.random.Generator | None = None, noise: float = 0.0) -> Sample:
+                rng: np.random.Generator | None = None, noise: float = 0.0, mix: TaskMix = TaskMix()) -> Sample:
     scene = world.make_scene(seed)
     rng = rng or np.random.default_rng(seed)
     frames = world.render(scene, num_frames, models.FRAME_SIZE, models.FRAME_SIZE)
     if noise > 0:  # mimic codec noise so the model does not rely on exact pixel values
         frames = np.clip(frames + rng.normal(0, noise, frames.shape), 0, 255).astype(np.uint8)
     pixels = preprocess_video(frames, models.FPS, models.DEMO_PREPROCESS)
-    prompt, answer, question = sample_task(scene, rng)
+    prompt, answer, question = sample_task(scene, rng, mix)
     ids = tokenizer(chat_prompt(tokenizer, prompt)).input_ids
     ids = expand_video_tokens(ids, video_token_id, pixels.num_visual_tokens)
     answer_ids = tokenizer(answer).input_ids + [tokenizer.convert_tokens_to_ids("<|im_end|>")]

@@ -20,6 +20,10 @@ the video for long:
   from the third is the language model's comparison across patches;
 - every tenth step is a batch of 16- or 32-frame videos (same visual-token budget), so the model
   is not fitted to one length only.
+The last 400 steps are a question phase with a fresh, smaller learning-rate schedule: three samples
+in four are multiple-choice questions, 60% of them about motion or order of appearance: the
+questions the model answers worst while its captions state the same facts right
+(results/training/experiments/).
 
 Draft: a smaller Qwen2.5-VL whose vision blocks start as a frozen copy of the target's, trained
 by distillation on the target's next-token distributions over the same kind of data (as EAGLE-
@@ -332,9 +336,26 @@ def target_losses(model, heads: dict, samples: list[data.Sample], frames: int,
     }
 
 
-def train_target(work: Path, out: Path, steps: int, batch_size: int = 16, lr: float = 1.5e-3,
-                 eval_every: int = 500, seed: int = 0) -> Path:
-    """Trains the target from scratch (see the module docstring); writes <out>/target."""
+def _question_lr(k: int, steps: int, peak: float, warmup: int = 30) -> float:
+    """The question phase's own schedule: a short warm-up, then a cosine to zero."""
+    return peak * min(1.0, (k + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * k / steps))
+
+
+def _step_plan(step: int, steps: int, question_steps: int, batch_size: int, lr: float, question_lr: float,
+               rng: np.random.Generator) -> tuple[float, int, int, data.TaskMix]:
+    """(learning rate, frames, samples, task mix) of one step of the target's run: the main phase,
+    then the last `question_steps` steps on data.QUESTION_MIX at the trained length."""
+    main = steps - question_steps
+    if step >= main:
+        return _question_lr(step - main, question_steps, question_lr), models.FRAMES, batch_size, data.QUESTION_MIX
+    frames, n = _long_step(step, batch_size, rng)
+    return _lr(step, main, lr), frames, n, data.TaskMix()
+
+
+def train_target(work: Path, out: Path, steps: int, question_steps: int = 400, batch_size: int = 16,
+                 lr: float = 1.5e-3, question_lr: float = 3e-4, eval_every: int = 500, seed: int = 0) -> Path:
+    """Trains the target from scratch (see the module docstring); writes <out>/target. `steps`
+    counts both phases; the last `question_steps` are the question phase."""
     torch.manual_seed(seed)
     tok = load_or_train_tokenizer(out / "tokenizer")
     model = Qwen2_5_VLForConditionalGeneration(models.target_config(tok)).float()
@@ -349,11 +370,11 @@ def train_target(work: Path, out: Path, steps: int, batch_size: int = 16, lr: fl
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="target", mininterval=5)
     t0, seen = time.time(), 0
     for step in bar:
+        step_lr, frames, n, mix = _step_plan(step, steps, question_steps, batch_size, lr, question_lr, rng)
         for g in opt.param_groups:
-            g["lr"] = _lr(step, steps, lr)
-        frames, n = _long_step(step, batch_size, rng)
+            g["lr"] = step_lr
         seeds = range(data.TRAIN_SEED + step * batch_size, data.TRAIN_SEED + step * batch_size + n)
-        samples = [data.make_sample(tok, model.config.video_token_id, s, num_frames=frames, rng=rng, noise=4.0)
+        samples = [data.make_sample(tok, model.config.video_token_id, s, num_frames=frames, rng=rng, noise=4.0, mix=mix)
                    for s in seeds]
         losses = target_losses(model, modules, samples, frames, words)
         loss = sum(losses.values())

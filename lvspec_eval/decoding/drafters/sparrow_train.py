@@ -36,8 +36,8 @@ The shipped demo heads (defaults: 800 captions + 150 MC answers, 900 steps of 16
     lvspec-eval train-sparrow --threads 1                       # -> demo/checkpoints/sparrow
     lvspec-eval train-sparrow --threads 1 --no-ivsb --out lvspec_eval/demo/checkpoints/sparrow_noivsb
     lvspec-eval train-sparrow --threads 1 --mtp-steps 0 --out lvspec_eval/demo/checkpoints/sparrow_nomtp
-On this 2-core CPU, the three side by side (2026-11-30): the target's answers 1.5 minutes (once;
-cached, shared by all three), then 7-12 minutes per head, 12 minutes in all. A real target on a GPU:
+On this 2-core CPU, the three side by side (2026-11-30): the target's answers 1.2-1.5 minutes (once;
+cached, shared by all three), then 5.5-12 minutes per head, 9-12 minutes in all (two runs). A real target on a GPU:
     lvspec-eval train-sparrow --target Qwen/Qwen2.5-VL-7B-Instruct --device cuda --dtype bfloat16 \
         --out heads/qwen7b --num-captions 20000 --steps 20000 --grad-accum 2
 """
@@ -451,7 +451,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train-sparrow", help="train a Sparrow draft head for a target (demo: ~12 min on 2 CPU cores)")
+    p = sub.add_parser("train-sparrow", help="train a Sparrow draft head for a target (demo: ~10 min on 2 CPU cores)")
     p.add_argument("--target", default="demo", help="target: local folder, hub id, or `demo`")
     p.add_argument("--out", default=str(DEMO_HEAD), help="where the head goes (default: the demo's)")
     p.add_argument("--work", default=None, help="log + resumable state (default .cache/sparrow/<out name>)")

@@ -10,8 +10,8 @@ For every draft node c (hanging off parent node q; logits row q + 1 judges it):
   draft's filler proposed where the target is about to name a colour is judged strictly too;
   `node`, the state at c that has read c's token, asks "is this token, in context, about the
   video?", which misses exactly that case (a filler read in context looks non-visual). On the
-  demo target, parent + centring separates visual words from fillers best (AUC about 0.79 at
-  layer 2 vs 0.58 for node without centring; `lvspec-eval sweep` prints this probe). A prompt
+  demo targets, parent + centring separated visual words from fillers best (AUC 0.69-0.79 at
+  layer 2 vs 0.58-0.63 for node; `lvspec-eval sweep` prints this probe). A prompt
   without visual tokens gives r_c = 0: every token counts as non-visual and is verified loosely
   (there is nothing visual to protect).
 - strict when r_c >= lv_threshold: only an exact match is accepted (kind EXACT).
@@ -49,10 +49,10 @@ from ..types import EXACT, LOOSE, PST, TARGET, Draft, Scores, Verdict
 from . import loose
 
 # Defaults from `lvspec-eval sweep` on the demo pair (results/sweep/sweep.md): layer 2 of the 8-layer
-# demo target separates visual words from fillers best (AUC 0.73 vs 0.63-0.67 at layers 4-8), with
-# its best threshold at 0.50. lv_lambda 0.1 (the draft token must have at least a tenth of the top
+# demo target separates visual words from fillers best (AUC 0.69 vs 0.59-0.63 at layers 4-8), with
+# its best threshold at 0.57. lv_lambda 0.1 (the draft token must have at least a tenth of the top
 # token's probability) is on the Pareto front at 100% retention; lv_lambda 0, which lets the
-# relevance gate alone decide, lost 11 visual facts in 6 captions (87.9%). With the grounded demo
+# relevance gate alone decide, lost 11 visual facts in 6 captions (90.2%). With the grounded demo
 # target every mismatch the distilled draft leaves is one the target finds implausible, so LVSpec
 # is exact here. For a real target, run the probe and sweep again: the best layer and the cosine
 # scale differ per model.

@@ -23,7 +23,7 @@ start = train._resume(ckpt, modules, opt)
 print("resumed at step", start, flush=True)
 
 
-def sample_task(scene, rng):
+def sample_task(scene, rng, mix=None):  # the run's own mix (data.QUESTION_MIX is what build-demo ships)
     qs = world.make_questions(scene)
     if rng.random() < 0.25:
         return world.CAPTION_PROMPT, world.make_caption(scene, seed=int(rng.integers(1 << 30))), None
