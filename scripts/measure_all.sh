@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-measures every figure in the README's "Measured figures" with the committed checkpoints, in
-# the order the README gives them (about 25 minutes on an idle 2-core CPU). Run it after
+# the order the README gives them (8-10 minutes on an idle 2-core CPU). Run it after
 # `make demo` (or `make install`) from the repository root; each step logs to results/measure_all.log.
 # Timings on a shared CPU drift: run it on an otherwise idle machine.
 set -euo pipefail

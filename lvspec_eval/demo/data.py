@@ -38,8 +38,8 @@ HARD_KINDS = ("motion", "order")
 @dataclass(frozen=True)
 class TaskMix:
     """How training samples are drawn: a caption with probability `caption`, else a multiple-choice
-    question; with probability `hard` that question is of a HARD_KINDS kind (the questions whose
-    one-letter answer must find the object named in the question, which the target learns last)."""
+    question; with probability `hard` that question is of a HARD_KINDS kind (the kinds the target
+    answers worst while its captions state the same facts right)."""
     caption: float = 0.5
     hard: float = 0.0
 

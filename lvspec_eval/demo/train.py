@@ -278,7 +278,6 @@ def _long_step(step: int, batch_size: int, rng: np.random.Generator) -> tuple[in
     return frames, max(1, batch_size * models.FRAMES // frames)
 
 
-
 class OrderProbe(torch.nn.Module):
     """Linear probe on the language model's hidden states at the visual positions: which object
     (first, second or third to appear) the token holds. The vision tower attends within one
