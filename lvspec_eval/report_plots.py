@@ -219,9 +219,14 @@ def token_records(rec: dict) -> list[dict]:
     return [dict(zip(keys, values)) for values in zip(tokens, texts, kinds, relevance)]
 
 
+RELEVANCE_LABELS = {"exact": "exact", "loose": "loose", "target": "rejected"}  # record kind -> plot label
+
+
 def _relevance_by_kind(data: PlotInput) -> tuple[dict[str, list[float]], Counter]:
-    """ "<method> <kind>" -> relevance values of exactly/loosely accepted tokens; and the texts of
-    loosely accepted tokens (all methods) with their counts."""
+    """ "<method> <label>" -> relevance values of exactly and loosely accepted tokens and of
+    rejected draft tokens (a "target" record with a relevance: the target's token carries the
+    relevance of the draft token it replaced); and the texts of loosely accepted tokens (all
+    methods) with their counts."""
     relevance: dict[str, list[float]] = {}
     loose_texts: Counter = Counter()
     for method, pairs in _by_method(data).items():
@@ -229,14 +234,15 @@ def _relevance_by_kind(data: PlotInput) -> tuple[dict[str, list[float]], Counter
             for t in token_records(rec):
                 if t.get("kind") == "loose":
                     loose_texts[t.get("text") or str(t.get("token"))] += 1
-                if t.get("kind") in ("exact", "loose") and t.get("relevance") is not None:
-                    relevance.setdefault(f"{method} {t['kind']}", []).append(float(t["relevance"]))
+                if t.get("kind") in RELEVANCE_LABELS and t.get("relevance") is not None:
+                    label = f"{method} {RELEVANCE_LABELS[t['kind']]}"
+                    relevance.setdefault(label, []).append(float(t["relevance"]))
     return relevance, loose_texts
 
 
 def relevance_histogram(data: PlotInput) -> list[Plot]:
-    """Visual relevance of exactly and loosely accepted tokens: loose acceptance should land on
-    low-relevance fillers, not on visual anchors."""
+    """Visual relevance of exactly accepted, loosely accepted and rejected draft tokens: loose
+    acceptance should land on low-relevance fillers, not on visual anchors."""
     relevance, _ = _relevance_by_kind(data)
     if not relevance:
         return []
@@ -247,10 +253,11 @@ def relevance_histogram(data: PlotInput) -> list[Plot]:
     for label, values in relevance.items():
         ax.hist(values, bins=bins, alpha=0.6, label=f"{label} ({len(values)})")
     ax.set_xlabel("visual relevance")
-    ax.set_ylabel("accepted tokens")
+    ax.set_ylabel("draft tokens")
     ax.legend(fontsize=8)
     path = _save(fig, data.out_dir / "relevance.png")
-    return [Plot("relevance", path, "Visual relevance of accepted tokens, by method and acceptance kind.")]
+    return [Plot("relevance", path, "Visual relevance of draft tokens, by method: accepted exactly, accepted "
+                 "loosely, or rejected (the target's token replaced them).")]
 
 
 def loose_tokens(data: PlotInput, top_k: int = 20) -> list[Plot]:

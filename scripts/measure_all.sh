@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-measures every figure in the README's "Measured figures" with the committed checkpoints, in
-# the order the README gives them (8-10 minutes on an idle 2-core CPU). Run it after
+# the order the README gives them (about 14 minutes on an idle 2-core CPU). Run it after
 # `make demo` (or `make install`) from the repository root; each step logs to results/measure_all.log.
 # Timings on a shared CPU drift: run it on an otherwise idle machine.
 set -euo pipefail
@@ -28,6 +28,20 @@ step lvspec-eval bench --methods vanilla,specvlm,lvspec --limit 20 --options tre
 step lvspec-eval sweep
 step lvspec-eval sweep --no-probe --vary pst_window=2 --also "tree_depth=12,tree_total=24" \
   --also "tree_depth=12,tree_total=24,lv_relevance=off" --also "tree=chain,tree_depth=15" --out results/sweep/explore_depth
+# Loose verification's regime: the restyled draft (the same draft fine-tuned on another phrasing
+# style), chain drafts, and where chains break (scripts/rejection_breakdown.py).
+step lvspec-eval bench --methods vanilla,sd_tree,specvlm,fly,lvspec --task synthvid_caption --limit 20 \
+  --draft demo-draft-restyled --out results/bench/restyled_caption.json
+for d in demo-draft demo-draft-restyled; do
+  step lvspec-eval bench --methods vanilla,specvlm,fly,lvspec --limit 20 --options tree=chain,tree_depth=10 \
+    --draft "$d" --records "results/loose/chain_$d.jsonl" --out "results/bench/chain_$d.json"
+  step python scripts/rejection_breakdown.py "results/loose/chain_$d.jsonl" 10 "results/loose/breakdown_$d.json"
+done
+step lvspec-eval bench --methods vanilla,specvlm,fly,lvspec --limit 20 --options prune_ratio=0.5 \
+  --draft demo-draft-restyled --out results/bench/restyled_prune05.json
+step lvspec-eval sweep --draft demo-draft-restyled --out results/sweep_restyled
+step lvspec-eval demo --draft demo-draft-restyled --methods vanilla,sd_tree,specvlm,fly,lvspec --length-methods "" \
+  --out results/demo_restyled
 step lvspec-eval bench --methods vanilla,sd_tree,specvlm,fly,lvspec --task synthvid_mcq --limit 40 --max-new-tokens 4 --out results/bench/mcq.json
 rm -rf results/competence/run
 step lmms-eval --model lvspec \

@@ -59,7 +59,7 @@ def stats_record(method: str, task: str, doc: int) -> dict:
         "tokens": [] if failed else ([9, 9, doc] if changed else [1, 2, doc]),
         # per committed token, as lvspec_eval/runner.py writes them (parallel lists)
         "kinds": ["loose", "exact", "target"] if method == "lvspec" else ["exact", "exact", "target"],
-        "relevance": [0.1, 0.8, None] if method == "lvspec" else [None, None, None],
+        "relevance": [0.1, 0.8, 0.7] if method == "lvspec" else [None, None, None],  # 0.7: the rejected token's
         "token_texts": [" a", " red", "."],
     }
 
@@ -398,6 +398,17 @@ def test_run_method_defaults_and_custom():
         report.run_method({"method": "custom", "drafter": "model"}, "results.json")
     assert report.is_lossless("lvspec", verifier="exact") is True
     assert report.is_lossless("sd_tree", verifier="fly") is False
+
+
+def test_relevance_plot_separates_exact_loose_and_rejected_tokens(tmp_path):
+    rec = {"kinds": ["loose", "exact", "pst", "target", "exact", "target"],
+           "relevance": [0.1, 0.8, 0.4, 0.7, 0.6, None]}  # the last target token is a bonus: no draft token
+    data = report_plots.PlotInput(rows=[{"method": "vanilla"}, {"method": "lvspec"}],
+                                  pairs={("t", "lvspec"): [(rec, {})]}, baseline="vanilla", out_dir=tmp_path)
+    relevance, loose = report_plots._relevance_by_kind(data)
+    assert sum(loose.values()) == 1
+    assert relevance == {"lvspec loose": [0.1], "lvspec exact": [0.8, 0.6], "lvspec rejected": [0.7]}
+    assert [p.name for p in report_plots.relevance_histogram(data)] == ["relevance"]
 
 
 def test_token_records_from_either_layout():

@@ -148,6 +148,7 @@ def test_lvspec_is_strict_on_visually_relevant_tokens():
     rows = [ratio(9, 1, 0.9), sure(2), sure(10)]  # the draft's 1 is very plausible ...
     strict = lvspec().verify(chain([1, 2]), scores(rows, [ON_VIDEO, OFF_VIDEO]), VISUAL)
     assert strict.tokens == [9] and strict.kinds == [TARGET]  # ... but visual: rejected
+    assert strict.relevance == [pytest.approx(1.0)]  # the target's token carries the rejected token's relevance
     lenient = lvspec().verify(chain([1, 2]), scores(rows, [OFF_VIDEO, OFF_VIDEO]), VISUAL)
     assert lenient.tokens == [1, 2, 10] and lenient.kinds == [LOOSE, EXACT, TARGET]
     assert lenient.relevance == [pytest.approx(0.0), pytest.approx(0.0), None]

@@ -37,6 +37,31 @@ def test_paraphrases_are_skewed():
     assert len(set(caps)) > 3  # but not only one
 
 
+def test_other_style_keeps_the_phrasings_and_the_facts_but_not_the_favourite():
+    """favourite=1 (the restyled draft's corpus) swaps which phrasing of each slot is the most
+    likely: the same phrasings, the same facts, another favourite caption."""
+    scene = world.make_scene(1)
+    own = [world.make_caption(scene, seed=s) for s in range(400)]
+    other = [world.make_caption(scene, seed=s, favourite=1) for s in range(400)]
+    assert world.make_caption(scene, seed=3, favourite=0) == own[3]  # the default style is style 0
+    assert len(set(other) & set(own)) > 3  # the same phrasings
+    top_own, top_other = max(set(own), key=own.count), max(set(other), key=other.count)
+    assert top_own != top_other
+    assert other.count(top_own) < own.count(top_own) / 3
+    assert sum(c.startswith("The video shows") for c in other) > sum(c.startswith("The video shows") for c in own) * 2
+    for cap in other[:50]:
+        s = score_caption(cap, scene)
+        assert s["precision"] == 1.0 and s["recall"] == 1.0
+
+
+def test_restyle_mix_draws_captions_in_the_other_style():
+    rng = np.random.default_rng(0)
+    tasks = [data.sample_task(world.make_scene(seed), rng, data.RESTYLE_MIX) for seed in range(400)]
+    captions = [answer for _, answer, q in tasks if q is None]
+    assert 0.65 < len(captions) / len(tasks) < 0.85
+    assert sum(c.startswith("The video shows") for c in captions) / len(captions) > 0.5
+
+
 def test_mcq_answers_name_the_scene():
     for seed in range(30):
         scene = world.make_scene(seed)

@@ -1,6 +1,7 @@
 """Load a target or draft model and wrap it in its family's backend.
 
-`pretrained` is a local folder, a hub id, or `demo` / `demo-draft` (the shipped demo models).
+`pretrained` is a local folder, a hub id, or `demo` / `demo-draft` / `demo-draft-restyled` (the
+shipped demo models).
 The family comes from the checkpoint's config (`model_type`), never from the name.
 """
 from __future__ import annotations
@@ -14,7 +15,8 @@ from transformers import AutoConfig, AutoTokenizer
 from .base import Backend
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo" / "checkpoints"
-DEMO_NAMES = {"demo": DEMO_DIR / "target", "demo-draft": DEMO_DIR / "draft"}
+DEMO_NAMES = {"demo": DEMO_DIR / "target", "demo-draft": DEMO_DIR / "draft",
+              "demo-draft-restyled": DEMO_DIR / "draft_restyled"}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}
 

@@ -1,9 +1,10 @@
-"""`lvspec-eval build-demo`: train the demo world's tokenizer, target and draft on this CPU.
+"""`lvspec-eval build-demo`: train the demo world's tokenizer, target and drafts on this CPU.
 
 It runs once (on 2 cores: tokenizer seconds, target 77 minutes, the last 7 of them its question
-phase, draft 8 minutes; the Sparrow heads are `lvspec-eval train-sparrow`); the checkpoints it
-writes are committed (stored in bfloat16, run in float32), so `make demo` needs no training. Every
-stage logs to <work>/train_*.log, checkpoints as it goes and resumes where it stopped when run again.
+phase, draft 8 minutes, the restyled draft 2; the Sparrow heads are `lvspec-eval train-sparrow`);
+the checkpoints it writes are committed (stored in bfloat16, run in float32), so `make demo` needs
+no training. Every stage logs to <work>/train_*.log, checkpoints as it goes and resumes where it
+stopped when run again.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def store_bfloat16(folder: Path) -> None:
     model.to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
 
 
-def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_steps: int, threads: int) -> None:
+def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_steps: int, threads: int,
+          restyle_steps: int = 300) -> None:
     torch.set_num_threads(threads)
     work.mkdir(parents=True, exist_ok=True)
     target_dir = out / "target"
@@ -47,23 +49,29 @@ def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_s
     if not (out / "draft" / "config.json").exists():
         train.train_draft(work, out, target_dir, steps=draft_steps)
     write_preprocessor_config(out / "draft")
-    for folder in (target_dir, out / "draft"):
+    if not (out / "draft_restyled" / "config.json").exists():
+        train.restyle_draft(work, out, out / "draft", steps=restyle_steps)
+    write_preprocessor_config(out / "draft_restyled")
+    for folder in (target_dir, out / "draft", out / "draft_restyled"):
         store_bfloat16(folder)
 
 
 def _run(args: argparse.Namespace) -> int:
-    build(Path(args.work), Path(args.out), args.target_steps, args.question_steps, args.draft_steps, args.threads)
+    build(Path(args.work), Path(args.out), args.target_steps, args.question_steps, args.draft_steps, args.threads,
+          args.restyle_steps)
     print(f"demo checkpoints in {args.out}")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("build-demo", help="train the demo world's tokenizer, target and draft (CPU, about 86 minutes)")
+    p = sub.add_parser("build-demo", help="train the demo world's tokenizer, target and drafts (CPU, about 88 minutes)")
     p.add_argument("--out", default=str(CHECKPOINTS), help="where the checkpoints go (default: the package's)")
     p.add_argument("--work", default=".cache/demo_build", help="logs, resumable training state")
     p.add_argument("--target-steps", type=int, default=4000, help="target optimiser steps of 16 samples, both phases")
     p.add_argument("--question-steps", type=int, default=400,
                    help="of those, the last ones on a question-rich mix (motion and order questions)")
     p.add_argument("--draft-steps", type=int, default=700, help="draft distillation steps of 16 samples")
+    p.add_argument("--restyle-steps", type=int, default=300,
+                   help="steps fine-tuning a copy of the draft on captions of another phrasing style (demo-draft-restyled)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.set_defaults(func=_run)

@@ -39,18 +39,21 @@ HARD_KINDS = ("motion", "order")
 class TaskMix:
     """How training samples are drawn: a caption with probability `caption`, else a multiple-choice
     question; with probability `hard` that question is of a HARD_KINDS kind (the kinds the target
-    answers worst while its captions state the same facts right)."""
+    answers worst while its captions state the same facts right); captions are phrased in style
+    `favourite` (world.make_caption)."""
     caption: float = 0.5
     hard: float = 0.0
+    favourite: int = 0
 
 
 QUESTION_MIX = TaskMix(caption=0.25, hard=0.6)
+RESTYLE_MIX = TaskMix(caption=0.75, favourite=1)  # the restyled draft's corpus: mostly captions, the other style
 
 
 def sample_task(scene: world.Scene, rng: np.random.Generator, mix: TaskMix = TaskMix()) -> tuple[str, str, dict | None]:
     """(prompt, answer, question or None) drawn by `mix` (default: half captions, half questions)."""
     if rng.random() < mix.caption:
-        return world.CAPTION_PROMPT, world.make_caption(scene, seed=int(rng.integers(1 << 30))), None
+        return world.CAPTION_PROMPT, world.make_caption(scene, int(rng.integers(1 << 30)), mix.favourite), None
     qs = world.make_questions(scene)
     if mix.hard > 0 and rng.random() < mix.hard:
         qs = [q for q in qs if q["kind"] in HARD_KINDS] or qs

@@ -49,7 +49,8 @@ def results_files(run_dir: Path) -> list[Path]:
     return sorted(run_dir.rglob("*_results.json"))
 
 
-def run_lmms_eval(method: str, run_dir: Path, tasks: tuple[str, ...], limit: int, extra_args: str = "") -> Path:
+def run_lmms_eval(method: str, run_dir: Path, tasks: tuple[str, ...], limit: int, extra_args: str = "",
+                  draft: str = "demo-draft") -> Path:
     """One real lmms-eval CLI run, in-process; returns its results file or raises."""
     from lmms_eval.__main__ import cli_evaluate
 
@@ -57,7 +58,7 @@ def run_lmms_eval(method: str, run_dir: Path, tasks: tuple[str, ...], limit: int
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     stats = run_dir / "stats.jsonl"
-    model_args = f"pretrained=demo,draft=demo-draft,method={method},stats_path={stats}" + (
+    model_args = f"pretrained=demo,draft={draft},method={method},stats_path={stats}" + (
         f",{extra_args}" if extra_args else "")
     argv = ["lmms-eval", "--model", "lvspec", "--model_args", model_args, "--tasks", ",".join(tasks),
             "--include_path", str(TASKS_DIR), "--limit", str(limit), "--output_path", str(run_dir),
@@ -77,7 +78,7 @@ def length_methods(value: str) -> list[str]:
 
 
 def run_demo(out: Path, methods: list[str], limit: int, threads: int, lengths: tuple[str, ...] | list[str] = (),
-             length_limit: int = 2) -> dict:
+             length_limit: int = 2, draft: str = "demo-draft") -> dict:
     """The main runs, then the length runs of `lengths` (if any), then the report."""
     import torch
 
@@ -91,13 +92,13 @@ def run_demo(out: Path, methods: list[str], limit: int, threads: int, lengths: t
     run_dirs = []
     for method in methods:
         t0 = time.time()
-        run_lmms_eval(method, out / "runs" / method, DEMO_TASKS, limit)
+        run_lmms_eval(method, out / "runs" / method, DEMO_TASKS, limit, draft=draft)
         print(f"[demo] {method}: lmms-eval run done in {time.time() - t0:.0f} s", flush=True)
         run_dirs.append(out / "runs" / method)
     t_lengths = time.time()
     for method in lengths:
         t0 = time.time()
-        run_lmms_eval(method, out / "runs" / f"{method}_lengths", LENGTH_TASKS, length_limit)
+        run_lmms_eval(method, out / "runs" / f"{method}_lengths", LENGTH_TASKS, length_limit, draft=draft)
         print(f"[demo] {method}: length run ({', '.join(LENGTH_TASKS)}) done in {time.time() - t0:.0f} s", flush=True)
         run_dirs.append(out / "runs" / f"{method}_lengths")
     if lengths:
@@ -110,7 +111,7 @@ def _main(args: argparse.Namespace) -> int:
     methods = available_methods(requested)
     lengths = length_methods(args.length_methods)
     t0 = time.time()
-    run_demo(Path(args.out), methods, args.limit, args.threads, lengths, args.length_limit)
+    run_demo(Path(args.out), methods, args.limit, args.threads, lengths, args.length_limit, args.draft)
     stages = f"{len(methods)} methods" + (f" + {len(lengths)} length runs" if lengths else "")
     print(f"[demo] {stages} in {time.time() - t0:.0f} s; report in {args.out}")
     return 0
@@ -121,6 +122,9 @@ def register(sub) -> None:
     p.add_argument("--out", default="results/demo", help="where runs, summary.json and the leaderboard go")
     p.add_argument("--methods", default="", help=f"comma-separated subset of {', '.join(DEMO_METHODS)}")
     p.add_argument("--limit", type=int, default=20, help="samples per task")
+    p.add_argument("--draft", default="demo-draft",
+                   help="the model drafters' draft: demo-draft (distilled on the target) or demo-draft-restyled "
+                        "(the same draft fine-tuned on another phrasing style), or a folder")
     p.add_argument("--length-methods", default=",".join(LENGTH_METHODS),
                    help="methods also run on the synthvid caption task at 256 to 4,096 visual tokens for the "
                         "speedup-vs-visual-tokens plot (vanilla always added; '' skips this stage)")

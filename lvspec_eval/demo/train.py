@@ -29,6 +29,10 @@ Draft: a smaller Qwen2.5-VL whose vision blocks start as a frozen copy of the ta
 by distillation on the target's next-token distributions over the same kind of data (as EAGLE-
 style drafts are), so that it agrees with the target where the target is sure.
 
+Restyled draft: that draft fine-tuned on references in another phrasing style (the same phrasings,
+another favourite per slot; data.RESTYLE_MIX), as a smaller model of the family trained on its own
+data would word things: mismatches on wording, which loose verification is for.
+
 Both runs log to `<work>/train_*.log`, checkpoint every few hundred steps and resume from there.
 """
 from __future__ import annotations
@@ -335,8 +339,9 @@ def target_losses(model, heads: dict, samples: list[data.Sample], frames: int,
     }
 
 
-def _question_lr(k: int, steps: int, peak: float, warmup: int = 30) -> float:
-    """The question phase's own schedule: a short warm-up, then a cosine to zero."""
+def _phase_lr(k: int, steps: int, peak: float, warmup: int = 30) -> float:
+    """A short phase's own schedule (the question phase, restyling): a short warm-up, then a
+    cosine to zero."""
     return peak * min(1.0, (k + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * k / steps))
 
 
@@ -346,7 +351,7 @@ def _step_plan(step: int, steps: int, question_steps: int, batch_size: int, lr: 
     then the last `question_steps` steps on data.QUESTION_MIX at the trained length."""
     main = steps - question_steps
     if step >= main:
-        return _question_lr(step - main, question_steps, question_lr), models.FRAMES, batch_size, data.QUESTION_MIX
+        return _phase_lr(step - main, question_steps, question_lr), models.FRAMES, batch_size, data.QUESTION_MIX
     frames, n = _long_step(step, batch_size, rng)
     return _lr(step, main, lr), frames, n, data.TaskMix()
 
@@ -394,6 +399,15 @@ def train_target(work: Path, out: Path, steps: int, question_steps: int = 400, b
     return out / "target"
 
 
+def _draft_optimiser(draft, lr: float) -> tuple[list, torch.optim.Optimizer]:
+    """The draft's vision blocks stay frozen (a copy of the target's); its merger and language
+    model train."""
+    for name, p in draft.model.visual.named_parameters():
+        p.requires_grad = name.startswith("merger.")
+    params = [p for p in draft.parameters() if p.requires_grad]
+    return params, torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+
+
 def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size: int = 16,
                 lr: float = 2e-3, temperature: float = 1.0, eval_every: int = 500, seed: int = 0) -> Path:
     """Distil a small draft on the target's next-token distributions (soft labels)."""
@@ -407,10 +421,7 @@ def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size:
     own = draft.model.visual.state_dict()
     own.update({k: v for k, v in target.model.visual.state_dict().items() if not k.startswith("merger.")})
     draft.model.visual.load_state_dict(own)
-    for name, p in draft.model.visual.named_parameters():
-        p.requires_grad = name.startswith("merger.")
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    params, opt = _draft_optimiser(draft, lr)
     ckpt, log = work / "draft.ckpt", work / "train_draft.log"
     start = _resume(ckpt, {"model": draft}, opt)
     rng = np.random.default_rng(seed + 7 + start)
@@ -446,3 +457,45 @@ def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size:
     draft.save_pretrained(out / "draft", safe_serialization=True)
     tok.save_pretrained(out / "draft")
     return out / "draft"
+
+
+def restyle_draft(work: Path, out: Path, draft_dir: Path, steps: int, batch_size: int = 16, lr: float = 5e-4,
+                  eval_every: int = 100, seed: int = 0) -> Path:
+    """Fine-tune the distilled draft on captions of another phrasing style (data.RESTYLE_MIX: the
+    same phrasings, the second listed one the favourite of every slot) by plain next-token loss on
+    those references: a draft that learned its wording from another corpus, as a smaller model of
+    the family trained on its own data does, instead of from the target. Writes <out>/draft_restyled."""
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(draft_dir)
+    draft = Qwen2_5_VLForConditionalGeneration.from_pretrained(draft_dir, dtype=torch.float32)
+    params, opt = _draft_optimiser(draft, lr)
+    ckpt, log = work / "draft_restyled.ckpt", work / "train_draft_restyled.log"
+    start = _resume(ckpt, {"model": draft}, opt)
+    draft.train()
+    rng = np.random.default_rng(seed + 11 + start)
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc="restyle draft", mininterval=5)
+    t0 = time.time()
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = _phase_lr(step, steps, lr)
+        seeds = range(7_000_000 + step * batch_size, 7_000_000 + (step + 1) * batch_size)
+        samples = [data.make_sample(tok, draft.config.video_token_id, s, rng=rng, noise=4.0, mix=data.RESTYLE_MIX)
+                   for s in seeds]
+        batch = data.collate(samples, tok.pad_token_id)
+        emb, pos, _ = _embed_inputs(draft, batch)
+        logits = draft(inputs_embeds=emb, position_ids=pos, attention_mask=batch["attention_mask"]).logits
+        loss = per_sample_loss(logits, batch["labels"])
+        _optimise(opt, loss, params)
+        if step % 25 == 0:
+            rate = (step + 1 - start) * batch_size / (time.time() - t0)
+            bar.set_postfix(lm=f"{loss.item():.3f}", sps=f"{rate:.1f}")
+            _log(log, {"step": step, "lm_loss": loss.item(), "samples_per_s": rate, "time": time.time()})
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            _checkpoint(ckpt, {"model": draft}, opt, step + 1)
+            _log(log, {"step": step + 1, "eval": evaluate(draft, tok, num_scenes=12), "time": time.time()})
+    draft.eval()
+    draft.save_pretrained(out / "draft_restyled", safe_serialization=True)
+    tok.save_pretrained(out / "draft_restyled")
+    return out / "draft_restyled"

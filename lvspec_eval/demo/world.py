@@ -75,8 +75,12 @@ class Scene:
         return Scene(seed=d["seed"], background=d["background"], objects=objs)
 
 
-def _weighted(rng: random.Random, options: list[tuple[str, float]]) -> str:
+def _weighted(rng: random.Random, options: list[tuple[str, float]], favourite: int = 0) -> str:
+    """One option drawn by weight; `favourite` > 0 swaps the first option's weight (the world's
+    favourite) with that option's: the same phrasings, another preference."""
     words, weights = zip(*options)
+    weights = list(weights)
+    weights[0], weights[favourite] = weights[favourite], weights[0]
     return rng.choices(words, weights=weights, k=1)[0]
 
 
@@ -180,12 +184,15 @@ def _count_phrase(n: int) -> str:
     return f"is {COUNT_WORDS[n]} object" if n == 1 else f"are {COUNT_WORDS[n]} objects"
 
 
-def make_caption(scene: Scene, seed: int | None = None) -> str:
-    """A reference caption; the paraphrase is drawn with `seed` (default: the scene's seed)."""
+def make_caption(scene: Scene, seed: int | None = None, favourite: int = 0) -> str:
+    """A reference caption; the paraphrase is drawn with `seed` (default: the scene's seed).
+    `favourite` picks which listed phrasing of every slot is the most likely one: 0 is the world's
+    own style (what the target learns and the tasks' references use); 1 is another style of the
+    same phrasings, which the restyled demo draft learns (`lvspec-eval restyle-draft`)."""
     rng = random.Random(scene.seed * 7919 + 17 if seed is None else seed)
     n, bg = len(scene.objects), scene.background
     count_obj = f"{COUNT_WORDS[n]} object" + ("s" if n > 1 else "")
-    intro = _weighted(rng, [
+    intro = _weighted(rng, favourite=favourite, options=[
         (f"There {_count_phrase(n)} on a {bg} background.", 0.7),
         (f"The video shows {count_obj} on a {bg} background.", 0.2),
         (f"On a {bg} background, there {_count_phrase(n)}.", 0.1),
@@ -193,13 +200,13 @@ def make_caption(scene: Scene, seed: int | None = None) -> str:
     sentences = [intro]
     for k, obj in enumerate(scene.objects):
         np_ = f"{obj.size} {obj.colour} {obj.shape}"
-        motion = _weighted(rng, _MOTION_PHRASES[obj.motion])
+        motion = _weighted(rng, _MOTION_PHRASES[obj.motion], favourite)
         if k == 0:
-            lead = _weighted(rng, [("First, a", 0.7), ("At the start, a", 0.2), ("A", 0.1)])
+            lead = _weighted(rng, [("First, a", 0.7), ("At the start, a", 0.2), ("A", 0.1)], favourite)
             sentences.append(f"{lead} {np_} {motion}.")
         else:
-            lead = _weighted(rng, [("Then a", 0.7), ("Next, a", 0.2), ("After that, a", 0.1)])
-            enter = _weighted(rng, [("appears and", 0.75), ("comes in and", 0.25)])
+            lead = _weighted(rng, [("Then a", 0.7), ("Next, a", 0.2), ("After that, a", 0.1)], favourite)
+            enter = _weighted(rng, [("appears and", 0.75), ("comes in and", 0.25)], favourite)
             sentences.append(f"{lead} {np_} {enter} {motion}.")
     return " ".join(sentences)
 

@@ -54,8 +54,10 @@ from . import loose
 # token's probability) is on the Pareto front at 100% retention; lv_lambda 0, which lets the
 # relevance gate alone decide, lost 11 visual facts in 6 captions (90.2%). With the grounded demo
 # target every mismatch the distilled draft leaves is one the target finds implausible, so LVSpec
-# is exact here. For a real target, run the probe and sweep again: the best layer and the cosine
-# scale differ per model.
+# is exact here; with the restyled demo draft (another wording) these defaults accept its wording
+# loosely without losing a fact, and so does lv_relevance=off: on the demo the lv_lambda test is what
+# keeps the facts (results/sweep_restyled/sweep.md). For a real target, run the probe and sweep
+# again: the best layer and the cosine scale differ per model.
 RULES = {
     "lv_layer": loose.Option(2, int, "1-based decoder layer whose hidden states judge relevance (-1: final norm)",
                              low=-1),
@@ -195,11 +197,17 @@ class LVSpecVerifier:
         if relevance is not None:
             lenient &= relevance < self.threshold
         preference = judging.float().gather(-1, draft.tokens.view(-1, 1).to(logits.device)).squeeze(-1)
+        kids = _children_by_score(draft)
         walk = lvspec_walk(Judged(draft.tokens.tolist(), target.tolist(), lenient.tolist(), preference.tolist(),
-                                  _children_by_score(draft)), self.pst_window, self.options["pst_confirm"])
+                                  kids), self.pst_window, self.options["pst_confirm"])
         last = walk.path[-1] if walk.path else -1
         tokens = [int(draft.tokens[c]) for c in walk.path] + [int(target[last + 1])]
-        rel = None if relevance is None else [float(relevance[c]) for c in walk.path] + [None]
+        # The target's token is recorded with the relevance of the draft token it replaced (the
+        # draft's favourite there; with lv_anchor=parent, the relevance of the slot itself), or
+        # None when the draft had nothing there (a bonus token).
+        rejected = kids[last + 1][0] if kids[last + 1] else None
+        rel = None if relevance is None else [float(relevance[c]) for c in walk.path] + [
+            None if rejected is None else float(relevance[rejected])]
         return Verdict(tokens=tokens, path=walk.path, num_cached=walk.num_cached, kinds=walk.kinds + [TARGET],
                        relevance=rel)
 
