@@ -188,7 +188,7 @@ def make_caption(scene: Scene, seed: int | None = None, favourite: int = 0) -> s
     """A reference caption; the paraphrase is drawn with `seed` (default: the scene's seed).
     `favourite` picks which listed phrasing of every slot is the most likely one: 0 is the world's
     own style (what the target learns and the tasks' references use); 1 is another style of the
-    same phrasings, which the restyled demo draft learns (`lvspec-eval restyle-draft`)."""
+    same phrasings, which the restyled demo draft learns (train.restyle_draft, in `build-demo`)."""
     rng = random.Random(scene.seed * 7919 + 17 if seed is None else seed)
     n, bg = len(scene.objects), scene.background
     count_obj = f"{COUNT_WORDS[n]} object" + ("s" if n > 1 else "")
