@@ -48,3 +48,18 @@ def score_caption(text: str, scene: world.Scene) -> dict:
         "visual_correct": sum(per_attr[a][0] for a in VISUAL),
         "per_attribute": {a: (r / s if s else None) for a, (r, s) in per_attr.items()},
     }
+
+
+def correct_facts(text: str, scene: world.Scene) -> set[str]:
+    """The scene facts a caption states correctly, as ids: "count", "background", "object<k>.<attr>"
+    (object k in order of mention, against the scene's k-th object). A method that changes the
+    output has introduced a fact error where vanilla's caption has an id and the method's has not."""
+    facts = world.caption_facts(text)
+    right = set()
+    if facts.count == world.COUNT_WORDS[len(scene.objects)]:
+        right.add("count")
+    if facts.background == scene.background:
+        right.add("background")
+    for k, (mention, obj) in enumerate(zip(facts.objects, scene.objects)):
+        right |= {f"object{k}.{a}" for a, v in mention.items() if v is not None and getattr(obj, a) == v}
+    return right

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from judges.oracle import score_caption
+from judges.oracle import correct_facts, score_caption
 
 from .backends.loading import load_backend
 from .demo import data, models, world
@@ -60,13 +60,30 @@ def quality(sample: dict, text: str) -> float:
     return float(letter == sample["answer"])
 
 
+def fact_errors(samples: list[dict], recs: list[dict], base: list[dict]) -> tuple[int, int]:
+    """(facts vanilla had right that these records have wrong, facts vanilla had right): caption
+    facts (judges.oracle.correct_facts) and MC answers, over the samples both ran without error."""
+    lost = right = 0
+    for s, r, b in zip(samples, recs, base):
+        if r.get("error") or b.get("error"):
+            continue
+        if s["answer"] is None:
+            vanilla = correct_facts(b["text"], s["scene"])
+            lost += len(vanilla - correct_facts(r["text"], s["scene"]))
+            right += len(vanilla)
+        else:
+            lost += int(b["quality"] > r["quality"])
+            right += int(b["quality"] > 0)
+    return lost, right
+
+
 def _median_ratio(base: list[dict], other: list[dict], key: str) -> float:
     ratios = [b[key] / o[key] for b, o in zip(base, other) if b[key] > 0 and o[key] > 0]
     return statistics.median(ratios) if ratios else 0.0
 
 
-def summarise(method: str, recs: list[dict], base: list[dict]) -> dict:
-    """One method's figures; `base` is vanilla's records on the same samples."""
+def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dict]) -> dict:
+    """One method's figures; `base` is vanilla's records on the same `samples`."""
     per_tok = [{"d": r["decode_s"] / max(1, r["num_new_tokens"]), "e": r["e2e_s"] / max(1, r["num_new_tokens"])}
                for r in recs]
     base_tok = [{"d": r["decode_s"] / max(1, r["num_new_tokens"]), "e": r["e2e_s"] / max(1, r["num_new_tokens"])}
@@ -74,6 +91,7 @@ def summarise(method: str, recs: list[dict], base: list[dict]) -> dict:
     steps = sum(r["num_steps"] for r in recs)
     q = statistics.fmean(r["quality"] for r in recs)
     qv = statistics.fmean(r["quality"] for r in base)
+    lost, right = fact_errors(samples, recs, base)
     return {
         "tau": sum(sum(r["accepted_lengths"]) for r in recs) / max(1, steps),
         "tokens_per_step": 1 + sum(sum(r["accepted_lengths"]) for r in recs) / max(1, steps),
@@ -92,6 +110,8 @@ def summarise(method: str, recs: list[dict], base: list[dict]) -> dict:
         "kept_visual_tokens": statistics.fmean(r["kept_visual_tokens"] for r in recs),
         "quality": q,
         "retention": q / qv if qv else None,
+        "facts_lost": lost,  # visual-fact errors introduced: facts (or MC answers) vanilla had right
+        "fact_error_rate": lost / right if right else None,
         "n": len(recs),
         "failed": sum(1 for r in recs if r.get("error")),
     }
@@ -196,7 +216,7 @@ def run(args: argparse.Namespace) -> dict:
     records = run_methods(runners, samples, args.max_new_tokens)
     result = {"task": args.task, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "options": options,
               "frames": args.frames,
-              "methods": {m: summarise(m, recs, records["vanilla"]) for m, recs in records.items()},
+              "methods": {m: summarise(m, recs, records["vanilla"], samples) for m, recs in records.items()},
               "env": environment(target.device)}
     result["vanilla_step_ms"] = result["methods"]["vanilla"]["verify_step_ms"]
     if args.hf_baseline:
@@ -211,7 +231,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def format_table(result: dict) -> str:
     cols = ["tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "decode_tokens_per_s", "draft_step_ms",
-            "verify_step_ms", "quality", "retention", "exact_match_rate", "kept_visual_tokens"]
+            "verify_step_ms", "quality", "retention", "facts_lost", "exact_match_rate", "kept_visual_tokens"]
     lines = ["| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for m, row in result["methods"].items():
         cells = [f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in cols]

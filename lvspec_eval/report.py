@@ -29,6 +29,9 @@ How figures are computed (per task and method, against the baseline):
 - Exact match: share of paired samples whose output token ids equal the baseline's
   ("exact_match_basis": "tokens"); when a record lacks "tokens", the logged responses are
   compared instead ("text").
+- Fact errors introduced: for tasks whose per-sample metric dicts list the facts an answer got
+  right ("facts_right": the synthvid captions), the facts vanilla's answer had right that the
+  method's lost, summed over the paired docs, and their share of vanilla's right facts.
 
 summary.json (read by `lvspec-eval check`; NaN is written as null):
 {"version": 1, "baseline": "vanilla", "alpha": 0.05, "n_boot": 2000,
@@ -37,7 +40,8 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
    "tokens_per_step", "decode_speedup", "e2e_speedup", "decode_tokens_per_s", "quality",
    "vanilla_quality", "metric", "retention", "retention_ci": [lo, hi], "non_inferior",
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
-   "exact_match_rate", "exact_match_basis", "p_value", "p_holm", "test" ("mcnemar_exact",
+   "exact_match_rate", "exact_match_basis", "facts_lost", "fact_error_rate" (null where the task
+   logs no "facts_right"), "p_value", "p_holm", "test" ("mcnemar_exact",
    "wilcoxon" or null for the baseline), "zero_method"}],
  "plots": [{"name", "path" (a PNG relative to DIR; null for a table-only entry), "caption", plus
    the hook's extra figures, e.g. "top_loose_tokens": [[text, count], ...]}], "warnings": [str]}
@@ -313,6 +317,29 @@ def exact_match(run: TaskRun, vanilla: TaskRun, ids: tuple) -> tuple[float, str]
     return stats.exact_match_rate(method_text, [_response_text(vanilla.samples[i]) for i in ids]), "text"
 
 
+FACTS_KEY = "facts_right"  # a per-sample metric dict may list the facts its answer got right (synthvid captions)
+
+
+def _facts_right(sample: dict) -> set[str] | None:
+    for value in sample.values():
+        if isinstance(value, Mapping) and isinstance(value.get(FACTS_KEY), list):
+            return set(value[FACTS_KEY])
+    return None
+
+
+def fact_errors(run: TaskRun, vanilla: TaskRun, ids: tuple) -> tuple[int | None, float | None]:
+    """(facts vanilla's answer had right that the method's lost, their share of vanilla's right
+    facts) over the paired docs, for tasks whose samples log FACTS_KEY lists; (None, None) else."""
+    lost = right = 0
+    for i in ids:
+        mine, theirs = _facts_right(run.samples[i]), _facts_right(vanilla.samples[i])
+        if mine is None or theirs is None:
+            return None, None
+        lost += len(theirs - mine)
+        right += len(theirs)
+    return (lost, lost / right if right else None) if ids else (None, None)
+
+
 def _response_text(sample: dict) -> str:
     return json.dumps(sample.get("filtered_resps", sample.get("resps")), ensure_ascii=False)
 
@@ -323,6 +350,7 @@ def quality_fields(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOpti
     cmp = stats.compare_quality(paired, margins=margins, n_boot=opts.n_boot, alpha=opts.alpha, seed=opts.seed)
     by_margin = {f"{ni.margin:g}": ni.non_inferior for ni in cmp.non_inferiority}
     rate, basis = exact_match(run, vanilla, paired.ids)
+    lost, error_rate = fact_errors(run, vanilla, paired.ids)
     is_baseline = run.method == opts.baseline
     return {
         "n": paired.n,
@@ -336,6 +364,8 @@ def quality_fields(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOpti
         "non_inferior_by_margin": by_margin,
         "exact_match_rate": rate,
         "exact_match_basis": basis,
+        "facts_lost": lost,
+        "fact_error_rate": error_rate,
         "test": None if is_baseline else cmp.test.test,
         "zero_method": None if is_baseline else cmp.test.zero_method,
         "p_value": None if is_baseline else cmp.test.p_value,
@@ -425,6 +455,7 @@ COLUMNS = (
     ("retention [95% CI]", _retention_cell),
     ("non-inferior", lambda r: f"{'yes' if r['non_inferior'] else 'no'} @{r['margin']:.0%}"),
     ("exact match", lambda r: _num(r["exact_match_rate"], ".1%")),
+    ("facts lost", lambda r: "-" if r.get("facts_lost") is None else f"{r['facts_lost']} ({_num(r['fact_error_rate'], '.1%')})"),
     ("test", lambda r: r["test"] or "-"),
     ("p", lambda r: _num(r["p_value"], ".3g")),
     ("p (Holm)", lambda r: _num(r["p_holm"], ".3g")),

@@ -168,30 +168,6 @@ def run_all(runners: dict[str, Runner], samples: list[dict], max_new_tokens: int
     return records
 
 
-def correct_facts(text: str, scene: world.Scene) -> set[str]:
-    """The scene facts a caption states correctly: count, background, object k's attributes."""
-    facts = world.caption_facts(text)
-    right = set()
-    if facts.count == world.COUNT_WORDS[len(scene.objects)]:
-        right.add("count")
-    if facts.background == scene.background:
-        right.add("background")
-    for k, (mention, obj) in enumerate(zip(facts.objects, scene.objects)):
-        right |= {f"object{k}.{a}" for a, v in mention.items() if v is not None and getattr(obj, a) == v}
-    return right
-
-
-def facts_lost(samples: list[dict], recs: list[dict], base: list[dict]) -> int:
-    """Facts (caption facts, MCQ answers) vanilla had right that these records have wrong."""
-    lost = 0
-    for s, r, b in zip(samples, recs, base):
-        if s["answer"] is None:
-            lost += len(correct_facts(b["text"], s["scene"]) - correct_facts(r["text"], s["scene"]))
-        else:
-            lost += int(b["quality"] > r["quality"])
-    return lost
-
-
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
@@ -217,7 +193,7 @@ def summarise(samples: list[dict], recs: list[dict], base: list[dict]) -> dict:
         "tau": sum(sum(recs[i]["accepted_lengths"]) for i in caps) / max(1, steps),  # captions: MCQ is 1-2 tokens
         "caption_f1": f1, "caption_retention": f1 / f1_base if f1 is not None and f1_base else None,
         "mcq_accuracy": acc, "mcq_retention": acc / acc_base if acc is not None and acc_base else None,
-        "facts_lost": facts_lost(samples, recs, base),
+        "facts_lost": bench.fact_errors(samples, recs, base)[0],
         "exact_match_rate": _mean([float(r["tokens"] == b["tokens"]) for r, b in zip(recs, base)]),
         "loose_share": kinds.count(LOOSE) / max(1, len(kinds)), "pst_share": kinds.count(PST) / max(1, len(kinds)),
     }

@@ -40,3 +40,21 @@ def test_restyled_demo_draft_words_things_differently_and_lvspec_keeps_the_facts
         facts = score_caption(out.text, s["scene"]), score_caption(base.text, s["scene"])
         assert facts[0]["visual_correct"] == facts[1]["visual_correct"]
     assert loose > 0
+
+
+def test_fact_errors_count_what_vanilla_had_right_and_the_method_lost():
+    from lvspec_eval.demo import world
+
+    scene = world.make_scene(4)
+    caption = world.make_caption(scene, seed=1)
+    colour = scene.objects[0].colour
+    wrong = caption.replace(colour, next(c for c in world.COLOURS if c != colour), 1)
+    samples = [{"scene": scene, "answer": None}, {"scene": scene, "answer": "B"},
+               {"scene": scene, "answer": None}]
+    base = [{"text": caption, "quality": 1.0}, {"text": "B", "quality": 1.0}, {"text": caption, "quality": 1.0}]
+    recs = [{"text": wrong, "quality": 0.9}, {"text": "C", "quality": 0.0},
+            {"text": "", "quality": 0.0, "error": "video unreadable"}]  # a failed sample is left out
+    lost, right = bench.fact_errors(samples, recs, base)
+    n_facts = 2 + 4 * len(scene.objects)  # count, background, colour/shape/size/motion of each object
+    assert (lost, right) == (1 + 1, n_facts + 1)
+    assert bench.fact_errors(samples, base, base) == (0, 2 * n_facts + 1)  # nothing lost against itself

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
+from judges.oracle import correct_facts
 from lvspec_eval import sweep
 from lvspec_eval.backends.base import Backend
 from lvspec_eval.backends.qwen2_5_vl import QwenVLBackend
@@ -150,7 +151,7 @@ def test_sweep_auto_threshold_comes_from_the_probe():
 
 def test_sweep_scores_facts_separation_and_pareto():
     scene = world.make_scene(3)
-    right = sweep.correct_facts(world.make_caption(scene), scene)
+    right = correct_facts(world.make_caption(scene), scene)
     assert {"count", "background", "object0.colour", "object0.shape"} <= right
     assert sweep.separation([0.9, 0.8], [0.1, 0.2])["auc"] == 1.0
     assert sweep.separation([0.5], [0.5])["auc"] == 0.5

@@ -25,6 +25,7 @@ CAP_F1 = {
     "sd_tree": [0.5, 0.8, 0.6, 0.7],
     "lvspec": [0.5, 0.7, 0.6, 0.75],
 }
+FACTS = {"vanilla": ["background", "count"], "sd_tree": ["background", "count"], "lvspec": ["count"]}  # doc 1's
 DECODE_S = {"vanilla": 1.0, "sd_tree": 0.5, "lvspec": 0.25}  # per sample
 ACCEPTED = {"vanilla": [0] * 7, "sd_tree": [2, 3], "lvspec": [4, 4]}  # per sample
 
@@ -91,6 +92,9 @@ def write_run(root: Path, method: str, stats_path: Path | None) -> Path:
                 "input": "q",
                 key: float(v),
                 "precision": 1.0,
+                # the facts a caption states right (synthvid's visual_fact_accuracy logs them)
+                **({"vfa": {"correct": 1, "stated": 1, "facts_right": FACTS[method] if d == 1 else ["count"]}}
+                   if task == CAP else {}),
             }
             for d, v in enumerate(values)
         ]
@@ -199,6 +203,9 @@ def test_graded_quality_uses_wilcoxon(summary):
     assert lv["test"] == "wilcoxon" and lv["zero_method"] == "zsplit"
     assert lv["p_value"] == pytest.approx(sps.wilcoxon(diffs, zero_method="zsplit").pvalue)
     assert lv["exact_match_rate"] == pytest.approx(3 / 4)  # doc 1's tokens differ
+    assert (lv["facts_lost"], lv["fact_error_rate"]) == (1, pytest.approx(1 / 5))  # doc 1 lost "background"
+    assert row(summary, CAP, "sd_tree")["facts_lost"] == 0
+    assert row(summary, MC, "lvspec")["facts_lost"] is None  # the MC task logs no facts
 
 
 def test_outputs_are_written(built):

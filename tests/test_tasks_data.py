@@ -148,7 +148,10 @@ def test_caption_scoring_and_aggregation():
     assert perfect["fidelity_f1"] == perfect["fidelity_precision"] == perfect["fidelity_recall"] == 1.0
     assert perfect["visual_fact_accuracy"]["correct"] == perfect["visual_fact_accuracy"]["stated"] > 0
     empty = utils.process_caption(doc, [""])
-    assert empty["fidelity_f1"] == 0.0 and empty["visual_fact_accuracy"] == {"correct": 0, "stated": 0}
+    assert empty["fidelity_f1"] == 0.0 and empty["visual_fact_accuracy"] == {"correct": 0, "stated": 0,
+                                                                             "facts_right": []}
+    n = len(scene.objects)
+    assert len(perfect["visual_fact_accuracy"]["facts_right"]) == 2 + 4 * n  # count, background, 4 per object
     pooled = [{"correct": 3, "stated": 4}, {"correct": 0, "stated": 0}, {"correct": 1, "stated": 4}]
     assert utils.visual_fact_accuracy(pooled) == 0.5
     assert utils.visual_fact_accuracy([empty["visual_fact_accuracy"]]) == 0.0

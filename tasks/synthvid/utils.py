@@ -9,7 +9,7 @@ import re
 
 import datasets
 
-from judges.oracle import score_caption
+from judges.oracle import correct_facts, score_caption
 from lvspec_eval.demo import tasks_data, world
 
 
@@ -37,12 +37,17 @@ def doc_to_messages(doc: dict, lmms_eval_specific_kwargs: dict | None = None) ->
 
 
 def process_caption(doc: dict, results: list[str]) -> dict:
-    score = score_caption(results[0], world.Scene.from_dict(doc["scene"]))
+    """Oracle scores; the per-sample visual_fact_accuracy also lists the facts stated right
+    ("facts_right"), from which `lvspec-eval report` counts the fact errors a method introduced
+    against vanilla's answer to the same doc."""
+    scene = world.Scene.from_dict(doc["scene"])
+    score = score_caption(results[0], scene)
     return {
         "fidelity_f1": score["f1"],
         "fidelity_precision": score["precision"],
         "fidelity_recall": score["recall"],
-        "visual_fact_accuracy": {"correct": score["visual_correct"], "stated": score["visual_stated"]},
+        "visual_fact_accuracy": {"correct": score["visual_correct"], "stated": score["visual_stated"],
+                                 "facts_right": sorted(correct_facts(results[0], scene))},
     }
 
 
