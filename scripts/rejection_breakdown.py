@@ -22,10 +22,7 @@ import sys
 from transformers import AutoTokenizer
 
 from lvspec_eval.backends.loading import DEMO_NAMES
-from lvspec_eval.demo import world
-
-VISUAL = (set(world.SHAPES) | set(world.COLOURS) | set(world.BACKGROUNDS) | set(world.SIZES)
-          | set(world.COUNT_WORDS) | set(world._MOTION_WORDS))
+from lvspec_eval.sweep import VISUAL_WORDS as VISUAL  # the sweep's relevance probe uses the same list
 
 
 def breakdown(records: list[dict], depth: int, tok, threshold: float) -> dict:

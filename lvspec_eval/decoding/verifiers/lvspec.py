@@ -57,8 +57,8 @@ from . import loose
 # is exact here; with the restyled demo draft (another wording) these defaults accept its wording
 # loosely without losing a fact, and so does lv_relevance=off: on the demo the lv_lambda test is what
 # keeps the facts (results/sweep_restyled/sweep.md); with lv_lambda 0 the relevance gate still cuts
-# the facts lost from 29 (blind) to 11 (results/loose/blind_lambda0_*). For a real target, run the probe and sweep
-# again: the best layer and the cosine scale differ per model.
+# the facts lost from 29 (blind) to 11 (results/loose/blind_lambda0_*). For a real target, run the
+# probe and sweep again: the best layer and the cosine scale differ per model.
 RULES = {
     "lv_layer": loose.Option(2, int, "1-based decoder layer whose hidden states judge relevance (-1: final norm)",
                              low=-1),
