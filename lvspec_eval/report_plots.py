@@ -204,19 +204,21 @@ def speedup_vs_visual_tokens(data: PlotInput) -> list[Plot]:
     return [Plot("speedup_vs_visual_tokens", path, caption)]
 
 
+TOKEN_FIELDS = {  # token_records key -> the runner's parallel list
+    "token": "tokens", "text": "token_texts", "kind": "kinds", "relevance": "relevance",
+    "replaced": "replaced", "replaced_text": "replaced_texts",
+}
+
+
 def token_records(rec: dict) -> list[dict]:
-    """Per committed token {"token", "text", "kind", "relevance"}: the record's "token_records",
-    else zipped from the parallel lists the runner writes ("tokens", "token_texts", "kinds",
-    "relevance")."""
+    """Per committed token {"token", "text", "kind", "relevance", "replaced", "replaced_text"}: the
+    record's "token_records", else zipped from the parallel lists the runner writes (missing
+    lists give None)."""
     if rec.get("token_records") is not None:
         return rec["token_records"]
-    kinds = rec.get("kinds") or []
-    n = len(kinds)
-    tokens = (rec.get("tokens") or [None] * n)[:n]
-    texts = (rec.get("token_texts") or [None] * n)[:n]
-    relevance = (rec.get("relevance") or [None] * n)[:n]
-    keys = ("token", "text", "kind", "relevance")
-    return [dict(zip(keys, values)) for values in zip(tokens, texts, kinds, relevance)]
+    n = len(rec.get("kinds") or [])
+    columns = [(list(rec.get(name) or []) + [None] * n)[:n] for name in TOKEN_FIELDS.values()]
+    return [dict(zip(TOKEN_FIELDS, values)) for values in zip(*columns)]
 
 
 RELEVANCE_LABELS = {"exact": "exact", "loose": "loose", "target": "rejected"}  # record kind -> plot label
@@ -274,12 +276,38 @@ def loose_tokens(data: PlotInput, top_k: int = 20) -> list[Plot]:
     return [Plot("loose_tokens", None, "Most frequent loosely accepted tokens.", markdown, {"top_loose_tokens": top})]
 
 
+def overruled_tokens(data: PlotInput, top_k: int = 10) -> list[Plot]:
+    """Per method, the draft tokens the target overruled most often and what it said instead
+    ("draft -> target"): where drafts break (a wrong colour, or just other wording that loose
+    verification could have kept). A table only, no figure."""
+    top = {}
+    for method, pairs in _by_method(data).items():
+        swaps = Counter((_shown(t.get("replaced_text"), t.get("replaced")), _shown(t.get("text"), t.get("token")))
+                        for rec, _ in pairs for t in token_records(rec)
+                        if t.get("kind") == "target" and t.get("replaced") is not None)
+        if swaps:
+            top[method] = swaps.most_common(top_k)
+    if not top:
+        return []
+    lines = [f"| {method} | `{draft}` -> `{target}` | {n} |" for method, rows in top.items()
+             for (draft, target), n in rows]
+    markdown = "\n".join([f"### Draft tokens the target overruled most often (top {top_k} per method)", "",
+                          "| method | draft -> target | count |", "|---|---|---|", *lines])
+    return [Plot("overruled_tokens", None, "Draft tokens the target overruled most often.", markdown,
+                 {"top_overruled_tokens": {m: [[d, t, n] for (d, t), n in rows] for m, rows in top.items()}})]
+
+
+def _shown(text: str | None, token) -> str:
+    return (text.strip() or repr(text)) if text is not None else str(token)
+
+
 PLOT_HOOKS: list[PlotHook] = [
     speedup_vs_retention,
     tau_distribution,
     speedup_vs_visual_tokens,
     relevance_histogram,
     loose_tokens,
+    overruled_tokens,
 ]
 
 

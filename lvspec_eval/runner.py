@@ -61,7 +61,8 @@ class Runner:
         out = loop.generate(self.target, self.drafter, self.verifier, prompt,
                             [(v.frames, v.fps) for v in videos], max_new_tokens, tuple(until))
         record = out.stats.to_dict()
-        record.update(method=self.method, tokens=out.tokens, kinds=out.kinds, relevance=out.relevance)
+        record.update(method=self.method, tokens=out.tokens, kinds=out.kinds, relevance=out.relevance,
+                      replaced=out.replaced)
         return Generation(out.text, out.tokens, record, out.kinds, out.relevance)
 
 

@@ -268,7 +268,8 @@ def run(args: argparse.Namespace) -> dict:
     add_estimated_speedup(rows, records, samples)
     mark_pareto(rows)
     auto = [n for n, o in zip(resolved, settings) if str(o.get("lv_threshold")).startswith("auto")]
-    return {"limit": args.limit, "max_new_tokens": args.max_new_tokens, "base": base, "settings": resolved,
+    return {"model": args.model, "draft": args.draft, "tree": args.tree,
+            "limit": args.limit, "max_new_tokens": args.max_new_tokens, "base": base, "settings": resolved,
             "auto": auto, "rows": rows, "relevance_probe": calibration, "env": bench.environment(target.device),
             "records": records if args.keep_records else None}
 
@@ -285,8 +286,10 @@ def format_markdown(result: dict) -> str:
     cols = [("est_speedup", False), ("decode_speedup", False), ("tau", False), ("caption_f1", False), ("caption_retention", True),
             ("mcq_accuracy", False), ("mcq_retention", True), ("facts_lost", False), ("loose_share", True),
             ("pst_share", True), ("exact_match_rate", True)]
+    drafter = ", ".join(f"{k}={v}" for k, v in result.get("tree", {}).items()) or "the drafter's defaults"
     lines = [f"LVSpec sweep: {result['limit']} caption + {result['limit']} MCQ demo samples, "
-             f"max_new_tokens {result['max_new_tokens']}; base: "
+             f"max_new_tokens {result['max_new_tokens']}; target {result.get('model', 'demo')}, draft "
+             f"{result.get('draft', 'demo-draft')} ({drafter}); base: "
              + ", ".join(f"{k}={v}" for k, v in result["base"].items()) + ". * = Pareto front (est_speedup, retention). "
              "est_speedup = (tau + 1) x vanilla step time / pooled lvspec step time; decode_speedup = measured median "
              "per-sample ratio (noisy on a shared CPU); tau over captions; retention = mean of caption and MCQ.",

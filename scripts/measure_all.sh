@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-measures every figure in the README's "Measured figures" with the committed checkpoints, in
-# the order the README gives them (about 14 minutes on an idle 2-core CPU). Run it after
+# the order the README gives them (about 20 minutes on an idle 2-core CPU). Run it after
 # `make demo` (or `make install`) from the repository root; each step logs to results/measure_all.log.
 # Timings on a shared CPU drift: run it on an otherwise idle machine.
 set -euo pipefail
@@ -36,6 +36,14 @@ for d in demo-draft demo-draft-restyled; do
   step lvspec-eval bench --methods vanilla,specvlm,fly,lvspec --limit 20 --options tree=chain,tree_depth=10 \
     --draft "$d" --records "results/loose/chain_$d.jsonl" --out "results/bench/chain_$d.json"
   step python scripts/rejection_breakdown.py "results/loose/chain_$d.jsonl" 10 "results/loose/breakdown_$d.json"
+  # the same chains with the full video: which mismatches are the pruned draft's slips
+  step lvspec-eval bench --methods vanilla,specvlm,lvspec --limit 20 --options tree=chain,tree_depth=10,prune_ratio=0.0 \
+    --draft "$d" --records "results/loose/chain_p0_$d.jsonl" --out "results/loose/chain_p0_$d.json"
+  step python scripts/rejection_breakdown.py "results/loose/chain_p0_$d.jsonl" 10 "results/loose/breakdown_p0_$d.json"
+done
+for p in 0.9 0.0; do  # the relevance gate with the restyled draft's chains
+  step lvspec-eval sweep --draft demo-draft-restyled --limit 20 --tree-options "tree=chain,tree_depth=10,prune_ratio=$p" \
+    --out "results/loose/sweep_restyled_chain_p$p"
 done
 step lvspec-eval bench --methods vanilla,specvlm,fly,lvspec --limit 20 --options prune_ratio=0.5 \
   --draft demo-draft-restyled --out results/bench/restyled_prune05.json

@@ -18,7 +18,7 @@ from lvspec_eval import sweep
 from lvspec_eval.backends.base import Backend
 from lvspec_eval.backends.qwen2_5_vl import QwenVLBackend
 from lvspec_eval.backends.qwen_vision import VisionPreprocessConfig
-from lvspec_eval.decoding import loop, methods
+from lvspec_eval.decoding import loop, methods, tree
 from lvspec_eval.decoding.types import EXACT, LOOSE, PST, TARGET
 from lvspec_eval.demo import models, world
 
@@ -70,6 +70,25 @@ def test_lvspec_strict_everywhere_without_pst_equals_vanilla(pair, video, vanill
     assert out.tokens == vanilla.tokens
     assert set(out.kinds) <= {EXACT, TARGET}
     assert all(r is None or -1.0 <= r <= 1.0 for r in out.relevance)
+
+
+@pytest.mark.parametrize("method", ["specvlm", "lvspec"])
+def test_records_name_the_draft_token_the_target_overruled(pair, video, vanilla, method):
+    out = run(pair, video, method)
+    assert len(out.replaced) == len(out.tokens)
+    assert all(r is None for r in vanilla.replaced)  # vanilla drafts nothing
+    assert all(r is None for r, k in zip(out.replaced, out.kinds) if k != TARGET)
+    overruled = [(r, t) for r, t, k in zip(out.replaced, out.tokens, out.kinds) if k == TARGET and r is not None]
+    assert overruled  # a random draft is overruled often
+    assert all(r != t for r, t in overruled)  # no child of the last accepted node carried the target's token
+
+
+def test_best_child_is_the_highest_scored():
+    parents = torch.tensor([-1, -1, 0, 0, 0])
+    scores = torch.tensor([-2.0, -1.0, -3.0, -2.5, -2.9])
+    assert [tree.best_child(parents, scores, n) for n in (-1, 0, 1, 4)] == [1, 3, None, None]
+    assert tree.best_child(parents, None, 0) == 2  # unknown scores: the first child
+    assert tree.best_child(torch.zeros(0, dtype=torch.long), None, -1) is None  # an empty draft
 
 
 def test_fly_with_infinite_entropy_threshold_equals_vanilla(pair, video, vanilla):
@@ -147,6 +166,17 @@ def test_sweep_auto_threshold_comes_from_the_probe():
     assert sweep.resolve_auto({"lv_threshold": 0.2}, {}) == {"lv_threshold": 0.2}
     with pytest.raises(ValueError, match="no threshold"):
         sweep.resolve_auto({"lv_layer": 4, "lv_threshold": "auto"}, calibration)
+
+
+def test_sweep_table_says_which_draft_and_drafter_settings_it_ran():
+    row = {c: 1.0 for c in ("est_speedup", "decode_speedup", "tau", "caption_f1", "caption_retention", "mcq_accuracy",
+                            "mcq_retention", "loose_share", "pst_share", "exact_match_rate")}
+    result = {"model": "demo", "draft": "demo-draft-restyled", "tree": {"tree": "chain", "tree_depth": 10},
+              "limit": 2, "max_new_tokens": 8, "base": {"lv_lambda": 0.1}, "settings": {}, "auto": [],
+              "rows": {"base": {**row, "facts_lost": 0, "pareto": True}}, "relevance_probe": {}}
+    head = sweep.format_markdown(result).splitlines()[0]
+    assert "target demo, draft demo-draft-restyled (tree=chain, tree_depth=10)" in head
+    assert "(the drafter's defaults)" in sweep.format_markdown({**result, "tree": {}})
 
 
 def test_sweep_scores_facts_separation_and_pareto():

@@ -130,6 +130,7 @@ def test_chat_class_generates_and_records_every_sample(tiny_model, synthvid, tmp
     ok, missing, corrupt = records[0], records[2], records[3]
     assert ok["error"] is None and ok["task"] == TASK and ok["rank"] == 0 and ok["method"] == "vanilla"
     assert ok["text"] == results[0].text and len(ok["token_texts"]) == len(ok["tokens"]) == ok["num_new_tokens"]
+    assert ok["replaced_texts"] == [None] * len(ok["tokens"])  # vanilla: no draft token is ever overruled
     assert ok["visual_tokens"] == 64 and "tau" in ok and "decode_s" in ok and ok["sampling_ignored"] is False
     assert "missing.mp4: no such file" in missing["error"] and missing["text"] == ""
     assert "corrupt.mp4" in corrupt["error"] and corrupt["tokens"] == []
@@ -195,6 +196,10 @@ def test_self_drafted_tree_decoding_passes_options_through(tiny_model, synthvid,
     assert vanilla.generate_until([chat_request(0, GEN)])[0].text == tree.generate_until([chat_request(0, GEN)])[0].text
     record = read_jsonl(tmp_path / "t.jsonl")[0]
     assert record["method"] == "sd_tree" and record["num_steps"] >= 1
+    # the draft token each of the target's step-closing tokens overruled, as ids and as text
+    assert len(record["replaced"]) == len(record["replaced_texts"]) == len(record["tokens"])
+    assert [t is None for t in record["replaced"]] == [t is None for t in record["replaced_texts"]]
+    assert all(r is None for r, k in zip(record["replaced"], record["kinds"]) if k != "target")
 
 
 # ---- lmms-eval CLI (slow) -------------------------------------------------------------------------------

@@ -62,6 +62,8 @@ def stats_record(method: str, task: str, doc: int) -> dict:
         "kinds": ["loose", "exact", "target"] if method == "lvspec" else ["exact", "exact", "target"],
         "relevance": [0.1, 0.8, 0.7] if method == "lvspec" else [None, None, None],  # 0.7: the rejected token's
         "token_texts": [" a", " red", "."],
+        "replaced": [None, None, 7],  # the draft said " the" where the target said "."
+        "replaced_texts": [None, None, " the"],
     }
 
 
@@ -212,7 +214,8 @@ def test_outputs_are_written(built):
     summary, out = built
     text = (out / "summary.json").read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
-    names = ["speedup_vs_retention", "tau_distribution", "speedup_vs_visual_tokens", "relevance", "loose_tokens"]
+    names = ["speedup_vs_retention", "tau_distribution", "speedup_vs_visual_tokens", "relevance", "loose_tokens",
+             "overruled_tokens"]
     assert [p["name"] for p in summary["plots"]] == names
     for plot in summary["plots"][:4]:
         assert (out / plot["path"]).read_bytes()[:4] == b"\x89PNG"
@@ -221,6 +224,7 @@ def test_outputs_are_written(built):
     md = (out / "leaderboard.md").read_text()
     assert "| demo_mc | lvspec | no | 6 | 1 | 4.00 | 5.00 | 4.00x |" in md
     assert "most frequent loosely accepted tokens" in md and "| 1 | `a` | 9 |" in md
+    assert "| lvspec | `the` -> `.` | 9 |" in md and "| vanilla |" not in md.split("overruled")[-1]
     page = (out / "leaderboard.html").read_text()
     assert page.count("data:image/png;base64,") == 4 and "<table>" in page
 
@@ -422,8 +426,24 @@ def test_token_records_from_either_layout():
     explicit = {"token_records": [{"token": 5, "text": " a", "kind": "loose", "relevance": 0.1}]}
     assert report_plots.token_records(explicit) == explicit["token_records"]
     parallel = {"tokens": [5, 6], "token_texts": [" a", " red"], "kinds": ["loose", "exact"], "relevance": [0.1, None]}
+    none = {"replaced": None, "replaced_text": None}  # lists the record lacks read as None
     assert report_plots.token_records(parallel) == [
-        {"token": 5, "text": " a", "kind": "loose", "relevance": 0.1},
-        {"token": 6, "text": " red", "kind": "exact", "relevance": None},
+        {"token": 5, "text": " a", "kind": "loose", "relevance": 0.1, **none},
+        {"token": 6, "text": " red", "kind": "exact", "relevance": None, **none},
     ]
     assert report_plots.token_records({"tokens": [1, 2]}) == []
+
+
+def test_overruled_tokens_pair_the_draft_token_with_the_targets():
+    rec = {"kinds": ["target", "exact", "target", "target", "target"], "token_texts": ["There", " is", " red", ".", " A"],
+           "replaced": [None, None, 11, 12, None], "replaced_texts": [None, None, " blue", " and", None]}
+    vanilla = {"kinds": ["target"] * 3, "replaced": [None] * 3}
+    data = report_plots.PlotInput(rows=[{"method": "vanilla"}, {"method": "specvlm"}],
+                                  pairs={("t", "specvlm"): [(rec, {}), (rec, {})], ("t", "vanilla"): [(vanilla, {})]},
+                                  baseline="vanilla", out_dir=Path("unused"))
+    (plot,) = report_plots.overruled_tokens(data)
+    # the prefill's token and the bonus token (None) are not overruled draft tokens; vanilla drafts nothing
+    assert plot.extra["top_overruled_tokens"] == {"specvlm": [["blue", "red", 2], ["and", ".", 2]]}
+    assert "| specvlm | `blue` -> `red` | 2 |" in plot.markdown
+    assert report_plots.overruled_tokens(report_plots.PlotInput(
+        rows=[], pairs={("t", "vanilla"): [(vanilla, {})]}, baseline="vanilla", out_dir=Path("unused"))) == []

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..backends.base import Backend
+from . import tree
 from .stats import SampleStats, peak_memory_mb
 from .types import TARGET, StepStats
 
@@ -24,6 +25,9 @@ class Output:
     stats: SampleStats
     kinds: list[str] = field(default_factory=list)  # per token: exact/loose/pst/target
     relevance: list[float | None] = field(default_factory=list)
+    # per token: for the target's token that ended a step, the draft token it overruled (the
+    # draft's favourite at that slot); None for accepted tokens and when the draft had nothing there
+    replaced: list[int | None] = field(default_factory=list)
 
 
 def make_clock(device: torch.device):
@@ -55,7 +59,7 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     stats.prune_s, stats.draft_prefill_s = info.get("prune_s", 0.0), info.get("draft_prefill_s", 0.0)
     stats.kept_visual_tokens = info.get("kept_visual_tokens", stats.visual_tokens)
     # 3. The first token comes from the prefill; then draft, score, verify, commit.
-    generated, kinds, relevance = [int(logits.argmax())], [TARGET], [None]
+    generated, kinds, relevance, replaced = [int(logits.argmax())], [TARGET], [None], [None]
     state.pending = list(generated)
     t_start = clock()
     while not _finished(backend, generated, max_new_tokens, until):
@@ -70,6 +74,7 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
         generated += verdict.tokens
         kinds += verdict.kinds
         relevance += verdict.relevance or [None] * len(verdict.tokens)
+        replaced += [None] * verdict.num_accepted + [_overruled(draft, verdict)]
         stats.steps.append(StepStats(draft.num_nodes, verdict.num_accepted, t2 - t1, t3 - t2))
         stats.draft_s += t2 - t1
         stats.verify_s += t3 - t2
@@ -77,7 +82,15 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     n, text = _truncate(backend, generated, max_new_tokens, until)
     stats.num_new_tokens = n
     stats.peak_memory_mb = peak_memory_mb(backend.device)
-    return Output(tokens=generated[:n], text=text, stats=stats, kinds=kinds[:n], relevance=relevance[:n])
+    return Output(tokens=generated[:n], text=text, stats=stats, kinds=kinds[:n], relevance=relevance[:n],
+                  replaced=replaced[:n])
+
+
+def _overruled(draft, verdict) -> int | None:
+    """The draft token in the slot the target's closing token filled (None: the path was used up)."""
+    last = verdict.path[-1] if verdict.path else -1
+    child = tree.best_child(draft.parents, draft.scores, last)
+    return None if child is None else int(draft.tokens[child])
 
 
 def _finished(backend: Backend, generated: list[int], max_new_tokens: int, until) -> bool:

@@ -57,6 +57,15 @@ def path_to(node: int, parents: torch.Tensor) -> list[int]:
     return path[::-1]
 
 
+def best_child(parents: torch.Tensor, scores: torch.Tensor | None, node: int) -> int | None:
+    """The draft's favourite child of `node` (-1: the root): its highest-scored one, the first when
+    scores are unknown; None when `node` is a leaf (or the draft is empty)."""
+    kids = (parents == node).nonzero().flatten()
+    if kids.numel() == 0:
+        return None
+    return int(kids[0] if scores is None else kids[scores[kids].argmax()])
+
+
 def children(parents: torch.Tensor) -> list[list[int]]:
     """children[0] lists the root's children; children[i + 1] lists node i's."""
     out: list[list[int]] = [[] for _ in range(parents.numel() + 1)]

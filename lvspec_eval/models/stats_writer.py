@@ -2,7 +2,9 @@
 
 Several ranks of a data-parallel run append to the same file, so every line is written in one
 call under an exclusive lock; a reader never sees two records interleaved. Keys are those of
-`decoding/stats.py` plus task, doc_id, rank, error, text and token_texts (report.py reads them).
+`decoding/stats.py` plus task, doc_id, rank, error, text and token_texts (report.py reads them), and
+from the runner the per-token lists kinds, relevance and replaced (with replaced_texts: the draft
+token each of the target's step-closing tokens overruled).
 """
 from __future__ import annotations
 
