@@ -22,7 +22,10 @@ How figures are computed (per task and method, against the baseline):
   number, a bool, or a dict with a numeric "score" (lmms-eval's video tasks log such dicts).
   Retention, its BCa interval, non-inferiority and the tests come from judges/stats.py.
 - Speed: over the samples both runs timed without error. decode/e2e speedup = sum of vanilla's
-  decode_s (e2e_s) / sum of the method's; decode tokens/s = new tokens / decode seconds. tau =
+  decode_s (e2e_s) / sum of the method's; where the method's records carry "vanilla_decode_s" and
+  "vanilla_e2e_s" (model_arg paired_timing: vanilla decoded beside each request, same process,
+  same moment), those are vanilla's times ("timing": "paired", else "runs"; "mixed" when only some
+  records have them); decode tokens/s = new tokens / decode seconds. tau =
   all accepted draft tokens / all steps (bonus excluded, as the papers report it);
   tokens_per_step = tau + 1. Failed samples still count in quality (their answer is what was
   scored) and in "failed"; they are left out of speed.
@@ -37,7 +40,7 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
 {"version": 1, "baseline": "vanilla", "alpha": 0.05, "n_boot": 2000,
  "rows": [{"task", "method", "lossless": bool (verifier exact: vanilla, sd_tree, specvlm,
    sparrow, "custom:<drafter>+exact", or any method run with verifier=exact), "n" (paired samples), "n_timed", "failed", "tau",
-   "tokens_per_step", "decode_speedup", "e2e_speedup", "decode_tokens_per_s", "quality",
+   "tokens_per_step", "decode_speedup", "e2e_speedup", "timing", "decode_tokens_per_s", "quality",
    "vanilla_quality", "metric", "retention", "retention_ci": [lo, hi], "non_inferior",
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
    "exact_match_rate", "exact_match_basis", "facts_lost", "fact_error_rate" (null where the task
@@ -257,11 +260,28 @@ def sample_scores(run: TaskRun, metric: str) -> dict[str, float]:
     return out
 
 
+PAIRED_TIMES = ("decode_s", "e2e_s")  # a method record's "vanilla_<key>": vanilla timed beside it
+
+
 def timed_pairs(run: TaskRun, vanilla: TaskRun) -> list[tuple[dict, dict]]:
-    """(method record, vanilla record) for the samples both timed without error."""
+    """(method record, vanilla record) for the samples both timed without error. Where the method's
+    record carries vanilla's times from the same process and moment (model_arg paired_timing), they
+    replace the vanilla run's times in its record (marked "paired": True)."""
     ids = sorted(set(run.stats) & set(vanilla.stats), key=str)
     ok = [i for i in ids if not run.stats[i].get("error") and not vanilla.stats[i].get("error")]
-    return [(run.stats[i], vanilla.stats[i]) for i in ok]
+    return [(run.stats[i], _beside(run.stats[i], vanilla.stats[i])) for i in ok]
+
+
+def _beside(method: dict, vanilla: dict) -> dict:
+    if any(method.get(f"vanilla_{key}") is None for key in PAIRED_TIMES):
+        return vanilla
+    return {**vanilla, **{key: method[f"vanilla_{key}"] for key in PAIRED_TIMES}, "paired": True}
+
+
+def _timing_basis(pairs: list[tuple[dict, dict]]) -> str:
+    """'paired' (every speed pair timed side by side), 'runs' (vanilla's own run), or 'mixed'."""
+    paired = sum(bool(v.get("paired")) for _, v in pairs)
+    return "paired" if paired == len(pairs) else "runs" if paired == 0 else "mixed"
 
 
 def _total(records: list[dict], key: str) -> float:
@@ -293,6 +313,7 @@ def speed_fields(pairs: list[tuple[dict, dict]]) -> dict:
             "decode_speedup": nan,
             "e2e_speedup": nan,
             "decode_tokens_per_s": nan,
+            "timing": None,
         }
     method = [m for m, _ in pairs]
     vanilla = [v for _, v in pairs]
@@ -304,6 +325,7 @@ def speed_fields(pairs: list[tuple[dict, dict]]) -> dict:
         "decode_speedup": _ratio(_total(vanilla, "decode_s"), _total(method, "decode_s")),
         "e2e_speedup": _ratio(_total(vanilla, "e2e_s"), _total(method, "e2e_s")),
         "decode_tokens_per_s": _ratio(_total(method, "num_new_tokens"), _total(method, "decode_s")),
+        "timing": _timing_basis(pairs),
     }
 
 
@@ -449,6 +471,7 @@ COLUMNS = (
     ("tokens/step", lambda r: _num(r["tokens_per_step"], ".2f")),
     ("decode speedup", lambda r: _num(r["decode_speedup"], ".2f", "x")),
     ("e2e speedup", lambda r: _num(r["e2e_speedup"], ".2f", "x")),
+    ("timing", lambda r: r.get("timing") or "-"),
     ("decode tok/s", lambda r: _num(r["decode_tokens_per_s"], ".1f")),
     ("metric", lambda r: r["metric"]),
     ("quality", lambda r: _num(r["quality"], ".4f")),
@@ -476,7 +499,9 @@ def method_note(opts: ReportOptions) -> str:
     ci = f"{1 - opts.alpha:.0%}"
     return (
         f"Baseline: {opts.baseline}. Speedups are ratios of summed times over the samples both runs timed "
-        "(decode excludes prefill, pruning and draft prefill; e2e includes them). tau = accepted draft tokens "
+        "(decode excludes prefill, pruning and draft prefill; e2e includes them); timing: 'paired' when the "
+        "baseline was decoded beside each request in the method's own process (model_arg paired_timing=true), "
+        "'runs' when its own run's times are used. tau = accepted draft tokens "
         "per step, bonus token excluded; tokens/step = tau + 1. Retention = mean(method) / mean(baseline) on "
         f"paired samples with a {ci} paired BCa bootstrap interval ({opts.n_boot} resamples); non-inferior when "
         f"its lower bound >= 1 - margin. p: McNemar exact test for 0/1 metrics, else Wilcoxon signed-rank "

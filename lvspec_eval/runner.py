@@ -33,9 +33,12 @@ class Runner:
                  dtype: str = "float32", attn_implementation: str = "sdpa", options: dict | None = None,
                  drafter: str | None = None, verifier: str | None = None, device_map: str | None = None,
                  min_pixels: int | None = None, max_pixels: int | None = None,
-                 target_backend=None, draft_backend=None):
+                 target_backend=None, draft_backend=None, paired_timing: bool = False):
         """target_backend / draft_backend: already loaded backends to share (benchmarks run several
-        methods on one model in one process)."""
+        methods on one model in one process). paired_timing: also decode every request with vanilla
+        greedy on the same target, right before or after the method (alternating), and put its
+        timings in the record (vanilla_decode_s, vanilla_e2e_s, vanilla_num_new_tokens,
+        vanilla_tokens): speedups on the same clock even when each method is its own lmms-eval run."""
         self.spec = methods.resolve(method, drafter, verifier)
         self.method = method if method != "custom" else f"custom:{self.spec.drafter}+{self.spec.verifier}"
         self.options = methods.make_options(self.spec, options or {})
@@ -47,6 +50,11 @@ class Runner:
             self.draft_backend = draft_backend or load_backend(draft, **load)
             check_pairing(self.target, self.draft_backend, pretrained, draft)
         self.drafter, self.verifier = methods.build(self.spec, self.options, self.draft_backend, self.target)
+        self.baseline = None  # (drafter, verifier) of vanilla decoding, timed beside each request
+        if paired_timing and self.spec != methods.resolve("vanilla"):
+            vanilla = methods.resolve("vanilla")
+            self.baseline = methods.build(vanilla, methods.make_options(vanilla, {}), None, self.target)
+        self._requests = 0
 
     @property
     def device(self) -> torch.device:
@@ -58,11 +66,22 @@ class Runner:
 
     def generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int,
                  until: tuple[str, ...] = ()) -> Generation:
-        out = loop.generate(self.target, self.drafter, self.verifier, prompt,
-                            [(v.frames, v.fps) for v in videos], max_new_tokens, tuple(until))
+        def decode(drafter, verifier) -> loop.Output:
+            return loop.generate(self.target, drafter, verifier, prompt, [(v.frames, v.fps) for v in videos],
+                                 max_new_tokens, tuple(until))
+
+        baseline_first = self.baseline is not None and self._requests % 2 == 1  # alternate: drift cancels out
+        self._requests += 1
+        base = decode(*self.baseline) if baseline_first else None
+        out = decode(self.drafter, self.verifier)
+        if self.baseline is not None and base is None:
+            base = decode(*self.baseline)
         record = out.stats.to_dict()
         record.update(method=self.method, tokens=out.tokens, kinds=out.kinds, relevance=out.relevance,
                       replaced=out.replaced)
+        if base is not None:
+            record.update(vanilla_decode_s=base.stats.decode_s, vanilla_e2e_s=base.stats.e2e_s,
+                          vanilla_num_new_tokens=base.stats.num_new_tokens, vanilla_tokens=base.tokens)
         return Generation(out.text, out.tokens, record, out.kinds, out.relevance)
 
 

@@ -42,6 +42,24 @@ def test_restyled_demo_draft_words_things_differently_and_lvspec_keeps_the_facts
     assert loose > 0
 
 
+def test_paired_timing_decodes_vanilla_beside_each_request_in_alternating_order(monkeypatch):
+    from lvspec_eval import runner as runner_module
+
+    torch.set_num_threads(1)
+    vanilla = Runner("demo", "vanilla", paired_timing=True)
+    sd_tree = Runner("demo", "sd_tree", draft="demo-draft", paired_timing=True, target_backend=vanilla.target)
+    s = bench.make_samples("synthvid_caption", 1)[0]
+    assert vanilla.baseline is None and "vanilla_decode_s" not in vanilla.generate(s["prompt"], [s["video"]], 8).stats
+    order, real = [], runner_module.loop.generate
+    monkeypatch.setattr(runner_module.loop, "generate",
+                        lambda backend, drafter, *rest: order.append(drafter.name) or real(backend, drafter, *rest))
+    first, second = (sd_tree.generate(s["prompt"], [s["video"]], 32).stats for _ in range(2))
+    assert order == [sd_tree.drafter.name, "none", "none", sd_tree.drafter.name]  # who goes first alternates
+    for rec in (first, second):  # sd_tree is lossless: vanilla beside it said the same
+        assert rec["vanilla_tokens"] == rec["tokens"] and rec["vanilla_num_new_tokens"] == rec["num_new_tokens"]
+        assert rec["vanilla_decode_s"] > 0 and rec["vanilla_e2e_s"] >= rec["vanilla_decode_s"]
+
+
 def test_fact_errors_count_what_vanilla_had_right_and_the_method_lost():
     from lvspec_eval.demo import world
 

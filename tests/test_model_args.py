@@ -59,6 +59,8 @@ def test_runner_kwargs_carry_everything_the_runner_takes():
     kwargs = parse("pretrained=demo,method=sd_tree,draft=self,tree_depth=3,min_pixels=784").runner_kwargs()
     assert kwargs["pretrained"] == "demo" and kwargs["method"] == "sd_tree" and kwargs["draft"] == "self"
     assert kwargs["options"] == {"tree_depth": 3} and kwargs["min_pixels"] == 784
+    assert kwargs["paired_timing"] is False
+    assert parse("pretrained=demo,method=sd_tree,paired_timing=true").runner_kwargs()["paired_timing"] is True
 
 
 @pytest.mark.parametrize("arg_string, message", [

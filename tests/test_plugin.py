@@ -191,11 +191,12 @@ def test_data_parallel_rank_on_cpu(tiny_model, synthvid, tmp_path, monkeypatch):
 def test_self_drafted_tree_decoding_passes_options_through(tiny_model, synthvid, tmp_path):
     vanilla = make_model("LVSpecChat", tiny_model, tmp_path / "v.jsonl")
     tree = make_model("LVSpecChat", tiny_model, tmp_path / "t.jsonl", method="sd_tree", tree_depth=3, tree_topk=2,
-                      tree_total=6)
+                      tree_total=6, paired_timing="true")
     vanilla.task_dict = tree.task_dict = {TASK: {"test": docs(synthvid)[:1]}}
     assert vanilla.generate_until([chat_request(0, GEN)])[0].text == tree.generate_until([chat_request(0, GEN)])[0].text
     record = read_jsonl(tmp_path / "t.jsonl")[0]
     assert record["method"] == "sd_tree" and record["num_steps"] >= 1
+    assert record["vanilla_tokens"] == record["tokens"] and record["vanilla_decode_s"] > 0  # paired_timing
     # the draft token each of the target's step-closing tokens overruled, as ids and as text
     assert len(record["replaced"]) == len(record["replaced_texts"]) == len(record["tokens"])
     assert [t is None for t in record["replaced"]] == [t is None for t in record["replaced_texts"]]

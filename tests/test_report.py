@@ -169,6 +169,19 @@ def test_speed_figures_match_hand_computation(summary):
     assert (van["tau"], van["tokens_per_step"], van["decode_speedup"]) == (0.0, 1.0, 1.0)
 
 
+def test_speed_uses_vanilla_timed_beside_the_method_when_recorded(summary):
+    assert {row(summary, MC, m)["timing"] for m in ("vanilla", "sd_tree", "lvspec")} == {"runs"}
+    method = {"doc_id": 0, "decode_s": 0.5, "e2e_s": 1.0, "num_new_tokens": 7, "num_steps": 2,
+              "accepted_lengths": [2, 3], "vanilla_decode_s": 2.0, "vanilla_e2e_s": 2.5}
+    vanilla = {"doc_id": 0, "decode_s": 1.0, "e2e_s": 1.5, "num_new_tokens": 7, "num_steps": 7}
+    paired = report.speed_fields([(method, report._beside(method, vanilla))])
+    assert (paired["decode_speedup"], paired["e2e_speedup"], paired["timing"]) == (4.0, 2.5, "paired")
+    plain = {k: v for k, v in method.items() if not k.startswith("vanilla_")}
+    assert report.speed_fields([(plain, report._beside(plain, vanilla))])["decode_speedup"] == 2.0
+    mixed = report.speed_fields([(method, report._beside(method, vanilla)), (plain, report._beside(plain, vanilla))])
+    assert mixed["timing"] == "mixed" and mixed["decode_speedup"] == pytest.approx((2.0 + 1.0) / (0.5 + 0.5))
+
+
 def test_multiple_choice_quality_uses_mcnemar(summary):
     lv = row(summary, MC, "lvspec")
     assert lv["metric"] == "acc"

@@ -1,9 +1,12 @@
 """`lvspec-eval demo`: every method through lmms-eval on the demo world, then the leaderboard.
 
 Each method is a real lmms-eval run (the registered `lvspec` model, the synthvid tasks, results
-and per-sample logs written by lmms-eval itself), all in this one process, back to back, so the
-report's speed ratios compare runs on the same machine state. lmms-eval exits 0 even when a run
-fails, so each run's results file is checked before the report is built.
+and per-sample logs written by lmms-eval itself), all in this one process, back to back. Runs one
+after another see different CPU states (slow spells of 1.5x were seen), so every method but
+vanilla also decodes each request with vanilla, beside it (model_arg paired_timing=true), and the
+report's speedups come from those same-moment pairs (`--unpaired` turns this off: faster, noisier).
+lmms-eval exits 0 even when a run fails, so each run's results file is checked before the report
+is built.
 
 Main stage: `--methods` on DEMO_TASKS (the trained length, 8 frames = 64 visual tokens), `--limit`
 samples per task, one run per method in runs/<method>.
@@ -77,8 +80,12 @@ def length_methods(value: str) -> list[str]:
     return available_methods(tuple(dict.fromkeys(["vanilla", *names]))) if names else []
 
 
+def timing_args(method: str, paired: bool) -> str:
+    return "paired_timing=true" if paired and method != "vanilla" else ""
+
+
 def run_demo(out: Path, methods: list[str], limit: int, threads: int, lengths: tuple[str, ...] | list[str] = (),
-             length_limit: int = 2, draft: str = "demo-draft") -> dict:
+             length_limit: int = 2, draft: str = "demo-draft", paired: bool = True) -> dict:
     """The main runs, then the length runs of `lengths` (if any), then the report."""
     import torch
 
@@ -92,13 +99,14 @@ def run_demo(out: Path, methods: list[str], limit: int, threads: int, lengths: t
     run_dirs = []
     for method in methods:
         t0 = time.time()
-        run_lmms_eval(method, out / "runs" / method, DEMO_TASKS, limit, draft=draft)
+        run_lmms_eval(method, out / "runs" / method, DEMO_TASKS, limit, timing_args(method, paired), draft=draft)
         print(f"[demo] {method}: lmms-eval run done in {time.time() - t0:.0f} s", flush=True)
         run_dirs.append(out / "runs" / method)
     t_lengths = time.time()
     for method in lengths:
         t0 = time.time()
-        run_lmms_eval(method, out / "runs" / f"{method}_lengths", LENGTH_TASKS, length_limit, draft=draft)
+        run_lmms_eval(method, out / "runs" / f"{method}_lengths", LENGTH_TASKS, length_limit,
+                      timing_args(method, paired), draft=draft)
         print(f"[demo] {method}: length run ({', '.join(LENGTH_TASKS)}) done in {time.time() - t0:.0f} s", flush=True)
         run_dirs.append(out / "runs" / f"{method}_lengths")
     if lengths:
@@ -111,7 +119,8 @@ def _main(args: argparse.Namespace) -> int:
     methods = available_methods(requested)
     lengths = length_methods(args.length_methods)
     t0 = time.time()
-    run_demo(Path(args.out), methods, args.limit, args.threads, lengths, args.length_limit, args.draft)
+    run_demo(Path(args.out), methods, args.limit, args.threads, lengths, args.length_limit, args.draft,
+             paired=not args.unpaired)
     stages = f"{len(methods)} methods" + (f" + {len(lengths)} length runs" if lengths else "")
     print(f"[demo] {stages} in {time.time() - t0:.0f} s; report in {args.out}")
     return 0
@@ -130,4 +139,7 @@ def register(sub) -> None:
                         "speedup-vs-visual-tokens plot (vanilla always added; '' skips this stage)")
     p.add_argument("--length-limit", type=int, default=2, help="samples per length task")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--unpaired", action="store_true",
+                   help="time each method against vanilla's own run only (faster; noisier on a shared machine) "
+                        "instead of decoding vanilla beside every request")
     p.set_defaults(func=_main)

@@ -49,6 +49,7 @@ class ModelArgs:
     max_pixels: int | None = None
     max_new_tokens: int = 256
     stats_path: str | None = None  # JSONL of per-sample decode statistics
+    paired_timing: bool = False  # also time vanilla greedy on every request, beside the method (same clock)
     batch_size: int = 1  # lmms-eval always passes it; speculative decoding here is batch 1
     max_batch_size: int | None = None  # passed by lmms-eval with --max_batch_size; unused
     options: dict = field(default_factory=dict)  # DecodeOptions fields and prefixed options
@@ -115,7 +116,7 @@ class ModelArgs:
         return {"pretrained": self.pretrained, "method": self.method, "draft": self.draft, "device": self.device,
                 "dtype": self.dtype, "attn_implementation": self.attn_implementation, "options": dict(self.options),
                 "drafter": self.drafter, "verifier": self.verifier, "device_map": self.device_map,
-                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
+                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing}
 
 
 # ---- typing helpers -----------------------------------------------------------------------------
