@@ -149,15 +149,9 @@ def draft_chain(draft: Draft, target_tokens: torch.Tensor) -> list[int]:
     """
     kids = tree.children(draft.parents)
     tokens, want = draft.tokens.tolist(), target_tokens.tolist()
-    scores = draft.scores.tolist() if draft.scores is not None else None
     path, node = [], -1
     while kids[node + 1]:
-        options = kids[node + 1]
-        match = next((c for c in options if tokens[c] == want[node + 1]), None)
-        node = match if match is not None else _favourite(options, scores)
+        match = next((c for c in kids[node + 1] if tokens[c] == want[node + 1]), None)
+        node = match if match is not None else tree.best_child(draft.parents, draft.scores, node)
         path.append(node)
     return path
-
-
-def _favourite(options: list[int], scores: list[float] | None) -> int:
-    return max(options, key=lambda c: scores[c]) if scores is not None else options[0]

@@ -198,15 +198,15 @@ class LVSpecVerifier:
         if relevance is not None:
             lenient &= relevance < self.threshold
         preference = judging.float().gather(-1, draft.tokens.view(-1, 1).to(logits.device)).squeeze(-1)
-        kids = _children_by_score(draft)
         walk = lvspec_walk(Judged(draft.tokens.tolist(), target.tolist(), lenient.tolist(), preference.tolist(),
-                                  kids), self.pst_window, self.options["pst_confirm"])
+                                  _children_by_score(draft)), self.pst_window, self.options["pst_confirm"])
         last = walk.path[-1] if walk.path else -1
         tokens = [int(draft.tokens[c]) for c in walk.path] + [int(target[last + 1])]
         # The target's token is recorded with the relevance of the draft token it replaced (the
-        # draft's favourite there; with lv_anchor=parent, the relevance of the slot itself), or
-        # None when the draft had nothing there (a bonus token).
-        rejected = kids[last + 1][0] if kids[last + 1] else None
+        # draft's favourite there, whose token the loop records as `replaced`; with
+        # lv_anchor=parent, the relevance of the slot itself), or None when the draft had nothing
+        # there (a bonus token).
+        rejected = tree.best_child(draft.parents, draft.scores, last)
         rel = None if relevance is None else [float(relevance[c]) for c in walk.path] + [
             None if rejected is None else float(relevance[rejected])]
         return Verdict(tokens=tokens, path=walk.path, num_cached=walk.num_cached, kinds=walk.kinds + [TARGET],
