@@ -10,9 +10,10 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig
 
 from .base import Backend
+from .chat_template import load_tokenizer
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo" / "checkpoints"
 DEMO_NAMES = {"demo": DEMO_DIR / "target", "demo-draft": DEMO_DIR / "draft",
@@ -82,6 +83,6 @@ def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_im
     model = _model_class(config.model_type).from_pretrained(path, **kwargs).eval()
     if not device_map:
         model.to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)  # with the processor's chat template (chat_template.json) if it has one
     overrides = _preprocess_overrides(path, min_pixels=min_pixels, max_pixels=max_pixels)
     return families[config.model_type].from_pretrained_parts(model, tokenizer, model.device, overrides)
