@@ -7,7 +7,13 @@ are medians over samples of the per-sample ratio of per-token decode times.
 
 The samples come straight from the demo world (scenes of the task's test seeds, rendered at the
 task's length): the same scenes the synthvid tasks use, without the mp4 round trip, so only
-decoding is timed.
+decoding is timed. With `--prompts` they are text-only prompts instead (bench_prompts.py), for
+pairs whose language models are real and whose vision towers are not; text samples have no
+quality metric beyond exact match to vanilla.
+
+`--hf-baseline` and `--hf-assisted` add transformers' own greedy `generate()` on the target and its
+assisted generation (`assistant_model=` the draft) as two more entries of the same rotation:
+same samples, same prepared inputs, back to back with our methods.
 """
 from __future__ import annotations
 
@@ -24,9 +30,12 @@ from tqdm import tqdm
 
 from judges.oracle import correct_facts, score_caption
 
+from . import bench_prompts
+from .backends.base import Backend
 from .backends.loading import load_backend
+from .decoding import loop
 from .demo import data, models, world
-from .runner import Runner, VideoInput
+from .runner import Generation, Runner, VideoInput
 
 TASKS = {  # name -> (kind, frames)
     "synthvid_caption": ("caption", models.FRAMES),
@@ -52,8 +61,21 @@ def make_samples(task: str, limit: int, frames: int | None = None) -> list[dict]
     return out
 
 
-def quality(sample: dict, text: str) -> float:
-    """The task's own metric on one sample: oracle caption F1, or MC correctness."""
+def make_text_samples(source: str, limit: int) -> list[dict]:
+    """Text-only samples from `--prompts` (`builtin` or a file): no video, no scene, no answer."""
+    prompts = bench_prompts.load(source)[:limit]
+    return [{"id": k, "scene": None, "prompt": p, "video": None, "answer": None} for k, p in enumerate(prompts)]
+
+
+def _videos(sample: dict) -> list[VideoInput]:
+    return [] if sample["video"] is None else [sample["video"]]
+
+
+def quality(sample: dict, text: str) -> float | None:
+    """The task's own metric on one sample: oracle caption F1, or MC correctness; None for a text
+    prompt (no reference to score against)."""
+    if sample["scene"] is None:
+        return None
     if sample["answer"] is None:
         return score_caption(text, sample["scene"])["f1"]
     letter = next((c for c in text.strip() if c in world.LETTERS), "")
@@ -65,7 +87,7 @@ def fact_errors(samples: list[dict], recs: list[dict], base: list[dict]) -> tupl
     facts (judges.oracle.correct_facts) and MC answers, over the samples both ran without error."""
     lost = right = 0
     for s, r, b in zip(samples, recs, base):
-        if r.get("error") or b.get("error"):
+        if r.get("error") or b.get("error") or s["scene"] is None:
             continue
         if s["answer"] is None:
             vanilla = correct_facts(b["text"], s["scene"])
@@ -82,6 +104,17 @@ def _median_ratio(base: list[dict], other: list[dict], key: str) -> float:
     return statistics.median(ratios) if ratios else 0.0
 
 
+def _mean_quality(recs: list[dict]) -> float | None:
+    """Mean of the task metric; None for text prompts, which have none."""
+    values = [r["quality"] for r in recs if r["quality"] is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _tokens_per_s(recs: list[dict]) -> float:
+    """End-to-end rate over all samples: tokens before EOS / seconds from prompt to last token."""
+    return sum(r["num_new_tokens"] for r in recs) / sum(r["e2e_s"] for r in recs)
+
+
 def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dict]) -> dict:
     """One method's figures; `base` is vanilla's records on the same `samples`."""
     per_tok = [{"d": r["decode_s"] / max(1, r["num_new_tokens"]), "e": r["e2e_s"] / max(1, r["num_new_tokens"])}
@@ -89,13 +122,13 @@ def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dic
     base_tok = [{"d": r["decode_s"] / max(1, r["num_new_tokens"]), "e": r["e2e_s"] / max(1, r["num_new_tokens"])}
                 for r in base]
     steps = sum(r["num_steps"] for r in recs)
-    q = statistics.fmean(r["quality"] for r in recs)
-    qv = statistics.fmean(r["quality"] for r in base)
+    q, qv = _mean_quality(recs), _mean_quality(base)
     lost, right = fact_errors(samples, recs, base)
     return {
         "tau": sum(sum(r["accepted_lengths"]) for r in recs) / max(1, steps),
         "tokens_per_step": 1 + sum(sum(r["accepted_lengths"]) for r in recs) / max(1, steps),
         "decode_tokens_per_s": sum(r["num_new_tokens"] for r in recs) / sum(r["decode_s"] for r in recs),
+        "e2e_tokens_per_s": _tokens_per_s(recs),
         "decode_speedup": _median_ratio(base_tok, per_tok, "d"),
         "e2e_speedup": _median_ratio(base_tok, per_tok, "e"),
         "decode_speedup_total": (sum(b["d"] for b in base_tok) / sum(p["d"] for p in per_tok)),
@@ -109,7 +142,7 @@ def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dic
         "visual_tokens": statistics.fmean(r["visual_tokens"] for r in recs),
         "kept_visual_tokens": statistics.fmean(r["kept_visual_tokens"] for r in recs),
         "quality": q,
-        "retention": q / qv if qv else None,
+        "retention": q / qv if q is not None and qv else None,
         "facts_lost": lost,  # visual-fact errors introduced: facts (or MC answers) vanilla had right
         "fact_error_rate": lost / right if right else None,
         "n": len(recs),
@@ -117,60 +150,88 @@ def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dic
     }
 
 
-def run_methods(runners: dict[str, Runner], samples: list[dict], max_new_tokens: int) -> dict[str, list[dict]]:
+def run_methods(runners: dict, samples: list[dict], max_new_tokens: int) -> dict[str, list[dict]]:
+    """Per sample, every runner back to back, the order rotating by one per sample.
+
+    runners: name -> anything with Runner's `generate(prompt, videos, max_new_tokens)` (our
+    methods, and HFGenerate for transformers' own)."""
     names = list(runners)
     first = samples[0]
     for r in runners.values():  # warm-up, untimed
-        r.generate(first["prompt"], [first["video"]], min(8, max_new_tokens))
+        r.generate(first["prompt"], _videos(first), min(8, max_new_tokens))
     records: dict[str, list[dict]] = {n: [] for n in names}
     for i, s in enumerate(tqdm(samples, desc="bench", unit="sample")):
         for name in names[i % len(names):] + names[: i % len(names)]:
-            gen = runners[name].generate(s["prompt"], [s["video"]], max_new_tokens)
+            gen = runners[name].generate(s["prompt"], _videos(s), max_new_tokens)
             rec = dict(gen.stats, quality=quality(s, gen.text), text=gen.text, sample=s["id"])
             records[name].append(rec)
     return records
 
 
-def _timed_hf_generate(be, sample: dict, max_new_tokens: int) -> tuple[float, int]:
-    """(seconds, tokens before EOS) of transformers' greedy generate() from prepared inputs."""
-    inputs = be.prepare(sample["prompt"], [(sample["video"].frames, sample["video"].fps)])
-    ids = inputs.input_ids
-    extra = {"mm_token_type_ids": (ids == be.model.config.video_token_id).int() * 2} \
-        if hasattr(be.model.config, "video_token_id") and "second_per_grid_ts" in inputs.model_kwargs else {}
-    t0 = time.perf_counter()
-    out = be.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                            max_new_tokens=max_new_tokens, **inputs.model_kwargs, **extra)
-    seconds, new = time.perf_counter() - t0, out[0, ids.shape[1]:].tolist()
-    # tokens before EOS, as our loop counts them (both spent a forward on the EOS itself)
-    return seconds, next((k for k, t in enumerate(new) if t in be.eos_token_ids), len(new))
+HF_NAMES = ("hf_generate", "hf_assisted")  # --hf-baseline, --hf-assisted
 
 
-def _timed_loop(runner: Runner, sample: dict, max_new_tokens: int) -> tuple[float, int]:
-    """(seconds end to end, tokens before EOS) of our vanilla loop."""
-    st = runner.generate(sample["prompt"], [sample["video"]], max_new_tokens).stats
-    return st["e2e_s"], st["num_new_tokens"]
+class HFGenerate:
+    """transformers' own greedy `generate()` on the target, or its assisted generation when an
+    assistant (the draft's backend) is given: the one difference is `assistant_model=`.
 
-
-def hf_generate_baseline(runner: Runner, samples: list[dict], max_new_tokens: int) -> dict:
-    """transformers' own generate() (greedy) against our vanilla loop, on the same inputs.
-
-    Per sample, both run back to back (their order alternating), each timed end to end (prefill
-    included, as generate() cannot time its decode alone), so that the two see the same machine
-    state; ours also counts the video preprocessing that generate() is spared (its inputs are
-    prepared before the clock starts). Returns both rates and their ratio.
+    Timed like our methods end to end: the clock covers the target backend's `prepare()` (chat
+    template, tokenising, video preprocessing: what our loop's e2e time covers too), then
+    `generate()` on exactly those inputs (input_ids and the visual inputs). generate() cannot time
+    its decode alone, so only end-to-end rates compare.
     """
-    totals = {"hf": [0.0, 0], "ours": [0.0, 0]}  # seconds, tokens
-    timers = {"hf": lambda s: _timed_hf_generate(runner.target, s, max_new_tokens),
-              "ours": lambda s: _timed_loop(runner, s, max_new_tokens)}
-    for i, sample in enumerate(samples):
-        for name in (("hf", "ours") if i % 2 else ("ours", "hf")):
-            seconds, n = timers[name](sample)
-            totals[name][0] += seconds
-            totals[name][1] += n
-    (hf_s, hf_n), (ours_s, ours_n) = totals["hf"], totals["ours"]
-    return {"tokens_per_s": hf_n / hf_s, "seconds": hf_s, "tokens": hf_n,
-            "ours_tokens_per_s": ours_n / ours_s, "ours_seconds": ours_s, "ours_tokens": ours_n,
-            "ratio": (ours_n / ours_s) / (hf_n / hf_s)}
+
+    def __init__(self, target: Backend, assistant: Backend | None = None):
+        self.target, self.assistant = target, assistant
+
+    @torch.no_grad()
+    def generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int) -> Generation:
+        be = self.target
+        clock = loop.make_clock(be.device)
+        t0 = clock()
+        inputs = be.prepare(prompt, [(v.frames, v.fps) for v in videos])
+        ids = inputs.input_ids
+        kwargs = {**inputs.model_kwargs, **hf_visual_kwargs(be, inputs)}
+        if self.assistant is not None:
+            kwargs["assistant_model"] = self.assistant.model
+        # plain greedy, as our loop decodes: a checkpoint's sampling or repetition-penalty defaults
+        # (generation_config.json) would change the tokens
+        out = be.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                repetition_penalty=1.0, max_new_tokens=max_new_tokens, **kwargs)
+        seconds = clock() - t0
+        new = out[0, ids.shape[1]:].tolist()
+        # tokens before EOS, as our loop counts them (both spent a forward on the EOS itself)
+        n = next((k for k, t in enumerate(new) if t in be.eos_token_ids), len(new))
+        record = {"e2e_s": seconds, "num_new_tokens": n, "tokens": new[:n]}
+        return Generation(be.tokenizer.decode(new[:n], skip_special_tokens=True), new[:n], record)
+
+
+def hf_visual_kwargs(backend: Backend, inputs) -> dict:
+    """What transformers' Qwen2.5-VL generate() needs beside prepare()'s visual inputs: which
+    tokens are video (mm_token_type_ids, 2 = video); without it the model silently falls back to
+    1-D positions (DESIGN.md). Other families and text-only prompts need nothing more."""
+    if "second_per_grid_ts" not in inputs.model_kwargs:
+        return {}
+    return {"mm_token_type_ids": (inputs.input_ids == backend.model.config.video_token_id).int() * 2}
+
+
+def summarise_hf(recs: list[dict], records: dict[str, list[dict]], ours: list[str]) -> dict:
+    """One transformers baseline beside our methods on the same samples: its end-to-end rate,
+    whether it said what vanilla said, and each of our methods' rate over its rate (>1: ours is
+    faster), as a ratio of totals and as the median of per-sample ratios."""
+    hf_rate = _tokens_per_s(recs)
+    per_tok = [{"e": r["e2e_s"] / max(1, r["num_new_tokens"])} for r in recs]
+    vs_ours = {m: [{"e": r["e2e_s"] / max(1, r["num_new_tokens"])} for r in records[m]] for m in ours}
+    return {
+        "tokens_per_s": hf_rate,
+        "seconds": sum(r["e2e_s"] for r in recs),
+        "tokens": sum(r["num_new_tokens"] for r in recs),
+        "exact_match_rate": statistics.fmean(float(r["tokens"] == b["tokens"])
+                                             for r, b in zip(recs, records["vanilla"])),
+        "ours_ratio": {m: _tokens_per_s(records[m]) / hf_rate for m in ours},
+        "ours_ratio_median": {m: _median_ratio(per_tok, vs_ours[m], "e") for m in ours},
+        "n": len(recs),
+    }
 
 
 def environment(device: torch.device) -> dict:
@@ -212,30 +273,65 @@ def run(args: argparse.Namespace) -> dict:
                          draft_backend=draft, **load) for m in args.methods.split(",")}
     if "vanilla" not in runners:
         runners = {"vanilla": Runner(args.model, "vanilla", target_backend=target, **load), **runners}
-    samples = make_samples(args.task, args.limit, args.frames)
-    records = run_methods(runners, samples, args.max_new_tokens)
-    result = {"task": args.task, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "options": options,
-              "frames": args.frames,
-              "methods": {m: summarise(m, recs, records["vanilla"], samples) for m, recs in records.items()},
+    samples = make_text_samples(args.prompts, args.limit) if args.prompts else \
+        make_samples(args.task, args.limit, args.frames)
+    records = run_methods({**runners, **hf_runners(args, target, draft)}, samples, args.max_new_tokens)
+    result = {"task": f"prompts:{args.prompts}" if args.prompts else args.task, "limit": args.limit,
+              "max_new_tokens": args.max_new_tokens, "options": options, "frames": args.frames,
+              "target": args.model, "draft": args.draft, "dtype": args.dtype,
+              "methods": {m: summarise(m, records[m], records["vanilla"], samples) for m in runners},
+              "hf": {n: summarise_hf(records[n], records, list(runners)) for n in HF_NAMES if n in records},
               "env": environment(target.device)}
     result["vanilla_step_ms"] = result["methods"]["vanilla"]["verify_step_ms"]
-    if args.hf_baseline:
-        hf = hf_generate_baseline(runners["vanilla"], samples, args.max_new_tokens)
-        result["hf_generate"] = hf
-        result["vanilla_vs_hf_generate"] = hf["ratio"]
+    if "hf_generate" in result["hf"]:
+        result["vanilla_vs_hf_generate"] = result["hf"]["hf_generate"]["ours_ratio"]["vanilla"]
     if args.records:
+        Path(args.records).parent.mkdir(parents=True, exist_ok=True)
         Path(args.records).write_text("\n".join(json.dumps({"method": m, **r}, default=str)
                                                 for m, recs in records.items() for r in recs) + "\n")
     return result
 
 
+def hf_runners(args: argparse.Namespace, target: Backend, draft: Backend | None) -> dict[str, HFGenerate]:
+    """transformers' greedy generate() (--hf-baseline) and assisted generation (--hf-assisted)."""
+    out = {}
+    if args.hf_baseline:
+        out["hf_generate"] = HFGenerate(target)
+    if args.hf_assisted:
+        if draft is None:
+            raise ValueError(f"--hf-assisted needs a draft model to assist with (--draft), got {args.draft!r}")
+        out["hf_assisted"] = HFGenerate(target, assistant=draft)
+    return out
+
+
+VIDEO_COLUMNS = ("tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "decode_tokens_per_s", "draft_step_ms",
+                 "verify_step_ms", "quality", "retention", "facts_lost", "exact_match_rate", "kept_visual_tokens")
+# text prompts have no task metric: speed, acceptance and step costs, and exact match to vanilla
+TEXT_COLUMNS = ("tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "decode_tokens_per_s",
+                "e2e_tokens_per_s", "draft_step_ms", "verify_step_ms", "mean_draft_nodes", "exact_match_rate")
+
+
+def _cell(value) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
 def format_table(result: dict) -> str:
-    cols = ["tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "decode_tokens_per_s", "draft_step_ms",
-            "verify_step_ms", "quality", "retention", "facts_lost", "exact_match_rate", "kept_visual_tokens"]
+    cols = TEXT_COLUMNS if result["task"].startswith("prompts:") else VIDEO_COLUMNS
     lines = ["| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for m, row in result["methods"].items():
-        cells = [f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in cols]
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append(f"| {m} | " + " | ".join(_cell(row[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def format_hf_table(result: dict) -> str:
+    """transformers' rows: end-to-end tokens/s, exact match to vanilla, and each of our methods'
+    end-to-end tokens/s over theirs (>1: ours is faster)."""
+    ours = list(result["methods"])
+    cols = ["e2e_tokens_per_s", "exact_match_rate"] + [f"{m}/this" for m in ours]
+    lines = ["| transformers | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, row in result["hf"].items():
+        cells = [row["tokens_per_s"], row["exact_match_rate"]] + [row["ours_ratio"][m] for m in ours]
+        lines.append(f"| {name} | " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -246,6 +342,8 @@ def _main(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
     if "methods" in result:
         print(format_table(result))
+    if result.get("hf"):
+        print(format_hf_table(result))
     if "vanilla_vs_hf_generate" in result:
         print(f"vanilla loop vs transformers generate(): {result['vanilla_vs_hf_generate']:.3f}x tokens/s")
     return 0
@@ -253,10 +351,14 @@ def _main(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="time methods against vanilla on the same samples in one process")
-    p.add_argument("--model", default="demo", help="target: demo, a local folder or a hub id")
+    p.add_argument("--model", "--target", dest="model", default="demo",
+                   help="target: demo, a local folder or a hub id")
     p.add_argument("--draft", default="demo-draft", help="draft model, or 'self' for Self-SD")
     p.add_argument("--methods", default="vanilla,sd_tree,specvlm", help="comma-separated method names")
     p.add_argument("--task", default="synthvid_caption", help=f"one of {', '.join(TASKS)}")
+    p.add_argument("--prompts", default=None,
+                   help="text-only prompts instead of the task's videos: 'builtin' (coding and explanation "
+                        "requests) or a file (one prompt per line, or JSONL with a 'prompt' field)")
     p.add_argument("--limit", type=int, default=10, help="number of samples")
     p.add_argument("--frames", type=int, default=None, help="override the task's frame count (video length)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -264,7 +366,9 @@ def register(sub) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--hf-baseline", action="store_true", help="also time transformers' generate() (vanilla ratio)")
+    p.add_argument("--hf-baseline", action="store_true", help="also time transformers' greedy generate()")
+    p.add_argument("--hf-assisted", action="store_true",
+                   help="also time transformers' assisted generation: generate(assistant_model=the draft)")
     p.add_argument("--records", default=None, help="write per-sample records (JSONL) here")
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--cost-model", action="store_true", help="real-size random-weight cost model (see cost_model.py)")
