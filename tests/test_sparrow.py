@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from lvspec_eval.backends.base import FINAL
+from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.decoding import loop, methods
 from lvspec_eval.decoding.drafters import sparrow, sparrow_train
 from lvspec_eval.decoding.drafters.sparrow import SparrowDrafter, SparrowHead
@@ -195,6 +196,26 @@ def test_training_reduces_loss_and_resumes(family, tmp_path):
     starts = [r for r in (json.loads(line) for line in (tmp_path / "work" / "train_sparrow.log").read_text()
                           .splitlines()) if r.get("event") == "start"]
     assert [s["step"] for s in starts] == [0, 12]
+
+
+def test_bf16_head_keeps_the_targets_rotary_angles(family, tmp_path):
+    """Loaded for a bf16 target, the head's weights are bf16 but its buffers stay fp32, so its
+    rotary angles are the target's: a bf16 inv_freq is off by radians at position 2,000."""
+    bf16 = load_backend(str(family.target.model.name_or_path), dtype="bfloat16")
+    head = SparrowHead.load(_head_dir(family.target, tmp_path / "head"), bf16)
+    assert head.fc.weight.dtype == head.layer.self_attn.q_proj.weight.dtype == torch.bfloat16
+    assert [b.dtype for b in head.buffers()] == [torch.float32] * len(list(head.buffers())) != []
+    target_freq = bf16.text_model().rotary_emb.inv_freq
+    assert target_freq.dtype == torch.float32 and torch.equal(head.rotary.inv_freq, target_freq)
+    positions = torch.tensor([[0, 7, 500, 2000, 4000]])
+    cos, sin = head.rotary(torch.zeros(1, dtype=torch.bfloat16), positions)  # [1, 5, head_dim] bf16
+    angles = positions[0, :, None].double() * target_freq.double()
+    angles = torch.cat([angles, angles], dim=-1)
+    # Only cos/sin's own rounding to bf16 (at most 2**-8 for values in [-1, 1]) is left.
+    torch.testing.assert_close(cos[0].double(), angles.cos(), atol=2**-8, rtol=0)
+    torch.testing.assert_close(sin[0].double(), angles.sin(), atol=2**-8, rtol=0)
+    head.float()
+    assert torch.equal(head.rotary.inv_freq, target_freq) and head.fc.weight.dtype == torch.float32
 
 
 def test_checkpoint_roundtrip_and_errors(tmp_path, qwen_family):

@@ -100,6 +100,20 @@ class SparrowHead(nn.Module):
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
 
+    def _apply(self, fn, recurse: bool = True) -> SparrowHead:
+        """Casts reach the parameters only: buffers (the rotary inv_freq) follow moves to another
+        device but keep their float32 values, as the target keeps its own. A bfloat16 inv_freq
+        puts the head's rotary angles 0.22 rad off the target's at text position 500 and 0.87 rad
+        at 2,000."""
+        before = dict(self.named_buffers())
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            owner, _, leaf = name.rpartition(".")
+            module = self.get_submodule(owner)
+            if module._buffers[leaf].dtype != old.dtype:
+                module._buffers[leaf] = old.to(module._buffers[leaf].device)
+        return self
+
     @classmethod
     def for_target(cls, backend: Backend) -> SparrowHead:
         return cls(head_config(backend.model.config.get_text_config()))
