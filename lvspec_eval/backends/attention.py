@@ -1,41 +1,164 @@
-"""Attention received by the video tokens, collected layer by layer during part of a prefill.
+"""Which attention kernel runs a forward, and the attention the video tokens receive.
 
-SpecVLM scores each video token by the attention the text after the video pays to it, averaged
-over all layers, heads and those queries. We register an attention function that runs the
-sdpa attention with the explicit 4-D mask the prefill passes and, for the few queries of the text-after-video part, also forms
-their softmax rows and adds the video columns to a running sum: one [heads, queries, keys] block
-per layer at a time, never all layers' maps at once.
+Tree masks and kernels. Every multi-token forward of the decoding engine (tree verification,
+drafting levels, the second part of a SpecVLM prefill) passes a 4-D additive float mask
+[1, 1, m, cache + m] (0 visible, the dtype's min hidden). Not every kernel can take one:
+transformers' flash_attention_2 path reads a 4-D mask as a 2-D padding mask (wrong "valid key"
+indices, an IndexError on CPU, a device-side assert on CUDA), and its sdpa path, whenever a mask is
+passed, repeats K/V once per query head for grouped-query attention (repeat_kv: 7x the KV traffic
+on Qwen2.5-VL 7B, 5x on 32B, on every verification, growing with the video).
+
+So the language model's attention is one function of ours, registered with transformers'
+`AttentionInterface` under `lvspec_tree:<kernel>` (the kernel the user asked for) and installed on
+the text config only (the vision tower keeps the user's kernel):
+
+    mask None or 2-D (prefill, one-token steps)  -> the user's kernel (flash_attention_2 / sdpa / eager)
+    mask 4-D (tree masks) with sdpa or flash      -> `grouped_attention`: torch sdpa with the query
+                                                     heads of each KV head stacked along the query
+                                                     axis, so K/V are never copied
+    mask 4-D with eager                           -> eager (the reference math; it honours any mask)
+
+SpecVLM's pruning scores. While `collect_visual_attention` is active, the same function also adds,
+for each layer, the attention the queries pay to the video keys to a running sum (one
+[kv_heads, group * queries, keys] block at a time, never all layers' maps at once).
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Iterator
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-NAME = "lvspec_collect_visual"
+# What a user may ask for (model_args attn_implementation).
+KERNELS = ("sdpa", "flash_attention_2", "flash_attention_3", "eager")
+PREFIX = "lvspec_tree:"
 
 
+def tree_path(kernel: str) -> str:
+    """How tree-masked forwards run with `kernel`: "eager" or "grouped". A flash kernel that
+    transformers took from the `kernels` package instead of flash-attn (e.g.
+    kernels-community/flash-attn2) counts as flash. Anything else is refused."""
+    if kernel == "eager":
+        return "eager"
+    if kernel == "sdpa" or "flash" in kernel:
+        return "grouped"
+    raise ValueError(f"attn_implementation={kernel!r} is not supported; expected one of {', '.join(KERNELS)}")
+
+
+def kernel_of(config) -> str:
+    """The kernel the user asked for, whether or not our dispatcher is installed on `config`."""
+    name = config._attn_implementation or "sdpa"
+    return name[len(PREFIX):] if name.startswith(PREFIX) else name
+
+
+def describe(kernel: str) -> str:
+    """One line for dry-run and stats: which kernel serves which forwards."""
+    tree = "eager" if tree_path(kernel) == "eager" else "torch sdpa with grouped query heads (no K/V copy)"
+    return f"{kernel} for prefill and one-token steps; tree-masked forwards: {tree}"
+
+
+# ---- the grouped (non-repeating) masked path ------------------------------------------------------
+def group_queries(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """[b, heads, q, d] -> [b, kv_heads, group * q, d]; head h = kv * group + j lands in row j * q + i,
+    the KV head that repeat_kv would have given it."""
+    b, heads, q, d = query.shape
+    return query.reshape(b, num_kv_heads, heads // num_kv_heads * q, d)
+
+
+def group_mask(mask: torch.Tensor | None, group: int) -> torch.Tensor | None:
+    """[b, 1, q, k] -> [b, 1, group * q, k], matching `group_queries`' rows (a mask is small next to K/V)."""
+    if mask is None or group == 1:
+        return mask
+    if mask.shape[1] != 1:
+        raise ValueError(f"a tree mask must be shared by all heads (shape [b, 1, q, k]), got {tuple(mask.shape)}")
+    return mask.repeat(1, 1, group, 1)
+
+
+def grouped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **_kwargs):
+    """Masked attention for grouped-query models without repeating K/V.
+
+    query [b, heads, q, d]; key/value [b, kv_heads, k, d]; attention_mask [b, 1, q, k] (float
+    additive or bool). Returns ([b, q, heads, d], None) like transformers' attention functions.
+    """
+    b, heads, q, _ = query.shape
+    kv_heads = key.shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        group_queries(query, kv_heads), key, value, attn_mask=group_mask(attention_mask, heads // kv_heads),
+        dropout_p=dropout, scale=scaling)
+    return out.reshape(b, heads, q, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def _kernel_function(kernel: str, module):
+    """The user's kernel as transformers would call it; eager is each model file's own function."""
+    if kernel == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[kernel]
+
+
+def _dispatching(kernel: str):
+    path = tree_path(kernel)
+
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        tree_mask = isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
+        fn = grouped_attention if tree_mask and path == "grouped" else _kernel_function(kernel, module)
+        out = fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        collector = _COLLECTORS.get(id(module.config))
+        if collector is not None:
+            collector.add(query, key, attention_mask, scaling if scaling is not None else query.shape[-1] ** -0.5)
+        return out
+
+    return attention
+
+
+def dispatch_name(kernel: str) -> str:
+    """Register (once) and return the name of the dispatcher for `kernel`."""
+    tree_path(kernel)
+    name = PREFIX + kernel
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(name, _dispatching(kernel))
+        # Masks transformers builds itself (prefill, generate()) are the ones the kernel expects
+        # (a hub flash kernel takes flash-attn's).
+        mask_kernel = kernel if kernel in ALL_MASK_ATTENTION_FUNCTIONS else "flash_attention_2"
+        ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[mask_kernel])
+    return name
+
+
+def install(model) -> str:
+    """Route the language model's attention through the dispatcher for the kernel it was loaded with.
+
+    Only the text config changes: the vision tower keeps the kernel `from_pretrained` gave it.
+    Returns the kernel.
+    """
+    text_config = model.config.get_text_config()
+    kernel = kernel_of(text_config)
+    text_config._attn_implementation = dispatch_name(kernel)
+    return kernel
+
+
+# ---- SpecVLM's visual attention ---------------------------------------------------------------------
 class VisualAttention:
     """Running sum over layers of the mean attention each key in [start, end) receives."""
 
     def __init__(self, start: int, end: int):
         self.start, self.end = start, end
-        self.total: torch.Tensor | None = None
+        self.total: torch.Tensor | None = None  # on the first layer's device (layers may sit on several)
         self.num_layers = 0
 
     def add(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> None:
-        # query [1, heads, q, d]; key [1, kv_heads, k, d]
-        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-        logits = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling
+        """query [1, heads, q, d]; key [1, kv_heads, k, d]; mask [1, 1, q, >= k] additive."""
         if mask is None or mask.dim() != 4:
             raise ValueError("visual attention collection needs an explicit 4-D additive mask")
-        logits = logits + mask[..., : key.shape[-2]].float()
+        group = query.shape[1] // key.shape[1]
+        grouped = group_queries(query, key.shape[1]).float()  # the keys are not repeated per query head
+        logits = torch.matmul(grouped, key.float().transpose(-1, -2)) * scaling  # [1, kv_heads, group * q, k]
+        logits = logits + group_mask(mask[..., : key.shape[-2]], group).float()
         weights = torch.softmax(logits, dim=-1)[..., self.start : self.end]
-        layer_mean = weights.mean(dim=(0, 1, 2))  # [num_visual]
-        self.total = layer_mean if self.total is None else self.total + layer_mean
+        layer_mean = weights.mean(dim=(0, 1, 2))  # [num_visual]: the mean over every (head, query) row
+        self.total = layer_mean if self.total is None else self.total + layer_mean.to(self.total.device)
         self.num_layers += 1
 
     def scores(self) -> torch.Tensor:
@@ -44,28 +167,24 @@ class VisualAttention:
         return (self.total / self.num_layers).cpu()
 
 
-_ACTIVE: list[VisualAttention] = []
-
-
-def _collecting_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    col = _ACTIVE[-1]
-    out = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    col.add(query, key, attention_mask, scaling if scaling is not None else query.shape[-1] ** -0.5)
-    return out
-
-
-AttentionInterface.register(NAME, _collecting_attention)
+_COLLECTORS: dict[int, VisualAttention] = {}  # id(text config) -> the collector active on that model
 
 
 @contextlib.contextmanager
 def collect_visual_attention(text_config, start: int, end: int) -> Iterator[VisualAttention]:
-    """While active, every attention layer of `text_config`'s model adds to the collector."""
+    """While active, every attention layer of `text_config`'s model adds to the collector.
+
+    Models loaded by `load_backend` already run the dispatcher; any other model runs it (with its
+    own kernel) for the duration.
+    """
     col = VisualAttention(start, end)
     original = text_config._attn_implementation
-    _ACTIVE.append(col)
-    text_config._attn_implementation = NAME
+    if id(text_config) in _COLLECTORS:
+        raise RuntimeError("visual attention is already being collected on this model")
+    _COLLECTORS[id(text_config)] = col
+    text_config._attn_implementation = dispatch_name(kernel_of(text_config))
     try:
         yield col
     finally:
         text_config._attn_implementation = original
-        _ACTIVE.pop()
+        del _COLLECTORS[id(text_config)]

@@ -161,7 +161,12 @@ class Backend:
         hidden_layers: record the prompt's hidden states at these layers (state.prompt_hidden, and
         the visual tokens' rows in state.visual_hidden).
         """
-        embeds, positions = self.input_embeds(inputs), self.prefill_positions(inputs)
+        # The prompt's embeddings (vision tower included) are computed once per request: a target
+        # drafting for itself (Self-SD) prefills from the same ones.
+        embeds = inputs.extra.get("embeds")
+        if embeds is None:
+            embeds = inputs.extra["embeds"] = self.input_embeds(inputs)
+        positions = self.prefill_positions(inputs)
         seq_len = embeds.shape[1]
         vmask = inputs.visual_mask.to(embeds.device)
         if keep_visual is not None:
@@ -179,8 +184,8 @@ class Backend:
             for lo, hi in zip(bounds[:-1], bounds[1:]):
                 collect = (attention.collect_visual_attention(self.text_model().config, start, end)
                            if lo == split else contextlib.nullcontext())
-                # An explicit mask for the collected part: the collector reads it, and it keeps every
-                # attention implementation on the same (sdpa) path there.
+                # An explicit mask for the collected part: the collector reads it, and every kernel then
+                # takes the tree-mask path there (attention.py).
                 mask = (additive_mask(lo, torch.ones(hi - lo, hi - lo, dtype=torch.bool).tril(),
                                       self.model.dtype, self.device) if lo == split else None)
                 with collect as col:
@@ -191,8 +196,9 @@ class Backend:
                 parts.append({k: v.clone() for k, v in hidden.items()})
         for layer in hidden_layers:
             state.prompt_hidden[layer] = torch.cat([p[layer] for p in parts])
-            if keep_visual is None:
-                state.visual_hidden[layer] = state.prompt_hidden[layer][vmask]
+            if keep_visual is None:  # with a device_map, each layer's rows sit on that layer's device
+                rows = state.prompt_hidden[layer]
+                state.visual_hidden[layer] = rows[vmask.to(rows.device)]
         return state, self.lm_head(out.last_hidden_state[:, -1])[0]
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -201,18 +207,23 @@ class Backend:
     # ---- tree-masked forwards and cache operations ---------------------------------------------
     @torch.no_grad()
     def forward(self, state: DecodeState, tokens: torch.Tensor, pos_offsets: torch.Tensor,
-                visible: torch.Tensor, hidden_layers=()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+                visible: torch.Tensor | None, hidden_layers=()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Append `tokens` as temporary cache entries and return their logits [m, vocab].
 
         pos_offsets: [m] sequence offsets from state.next_pos. visible: [m, temp_len + m] bool,
         which temporary entries (earlier ones, then these) each token sees; committed entries are
-        always visible. Float additive masks with explicit positions keep tree scoring exact.
+        always visible. None: a plain causal step over no earlier temporary entries (the caller
+        knows; no look at a device tensor needed), which lets the attention kernel take its
+        unmasked path for one token. Float additive masks with explicit positions keep tree
+        scoring exact.
         """
         m = tokens.numel()
-        # One token that sees everything (vanilla decoding, a chain's root): no mask needed, and
-        # the attention kernel takes its faster unmasked path.
-        mask = (None if m == 1 and state.temp_len == 0 and bool(visible.all())
-                else additive_mask(state.cache_len, visible, self.model.dtype, self.device))
+        if visible is None and state.temp_len:
+            raise ValueError("forward(visible=None) is a causal step over no temporary entries; "
+                             f"{state.temp_len} are present: pass their visibility")
+        if visible is None and m > 1:
+            visible = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()
+        mask = None if visible is None else additive_mask(state.cache_len, visible, self.model.dtype, self.device)
         positions = self.position_ids(state.extra, state.next_pos + pos_offsets.to(self.device))
         with self.capture_hidden(hidden_layers) as hidden:
             out = self.text_model()(input_ids=tokens.view(1, -1).to(self.device), position_ids=positions,
@@ -220,32 +231,77 @@ class Backend:
         state.temp_len += m
         return self.lm_head(out.last_hidden_state[0]), dict(hidden)
 
-    def keep(self, state: DecodeState, temp_indices: list[int]) -> None:
-        """Commit the given temporary entries (in order) into contiguous slots; drop the others."""
+    def keep(self, state: DecodeState, temp: int | list[int] | torch.Tensor) -> None:
+        """Commit temporary entries into contiguous slots and drop the others.
+
+        temp: how many of the first temporary entries to keep (no gather needed), or the indices
+        of those to keep, in order (a list, or a long tensor already on the device). The gather
+        index is built once per cache device, so layers spread over several GPUs (device_map)
+        each gather on their own device.
+        """
         start = state.cache_len
-        if temp_indices != list(range(len(temp_indices))):
-            idx = torch.tensor([start + i for i in temp_indices], device=self.device)
+        if isinstance(temp, int):
+            num = temp
+        else:
+            index = temp if isinstance(temp, torch.Tensor) else torch.tensor(temp, dtype=torch.long, device=self.device)
+            num = index.numel()
+            per_device: dict[torch.device, torch.Tensor] = {}
             for layer in state.cache.layers:
-                dst = slice(start, start + len(temp_indices))
-                layer.keys[:, :, dst] = layer.keys.index_select(2, idx)
-                layer.values[:, :, dst] = layer.values.index_select(2, idx)
-        crop_cache(state.cache, start + len(temp_indices))
-        state.cache_len = start + len(temp_indices)
-        state.next_pos += len(temp_indices)
+                if layer.keys is None:
+                    continue
+                dev = layer.keys.device
+                if dev not in per_device:
+                    per_device[dev] = index.to(dev) + start
+                dst = slice(start, start + num)
+                layer.keys[:, :, dst] = layer.keys.index_select(2, per_device[dev])
+                layer.values[:, :, dst] = layer.values.index_select(2, per_device[dev])
+        crop_cache(state.cache, start + num)
+        state.cache_len = start + num
+        state.next_pos += num
         state.temp_len = 0
 
+    def adopt_inputs(self, inputs: PreparedInputs, source: Backend) -> PreparedInputs:
+        """Another backend's prepared inputs for this model, without preparing the request again
+        (a draft of the same family: same tokenizer and visual-token layout, checked at load).
+        Falls back to `prepare` when the two preprocess differently."""
+        if getattr(self, "preprocess", None) != getattr(source, "preprocess", None) or \
+                type(self) is not type(source):
+            return self.prepare(*inputs.extra["request"])
+
+        def move(value):
+            if not isinstance(value, torch.Tensor):
+                return value
+            return value.to(self.device, self.model.dtype) if value.is_floating_point() else value.to(self.device)
+
+        return PreparedInputs(input_ids=inputs.input_ids.to(self.device), visual_mask=inputs.visual_mask,
+                              model_kwargs={k: move(v) for k, v in inputs.model_kwargs.items()},
+                              positions=None if inputs.positions is None else inputs.positions.to(self.device),
+                              extra={k: v for k, v in inputs.extra.items() if k != "embeds"})
+
     def score(self, state: DecodeState, draft: Draft, hidden_layers=()) -> Scores:
-        """One forward over the pending tokens and the draft tree (root = last pending token)."""
+        """One forward over the pending tokens and the draft tree (root = last pending token).
+
+        Built on the device: the draft's tokens stay there, mask and positions come from its
+        parents there; only the pending tokens (a host list) are copied up.
+        """
         if not state.pending:
             raise ValueError("score() needs at least one pending token (the root)")
         p = len(state.pending)
-        tokens = torch.cat([torch.tensor(state.pending, dtype=torch.long), draft.tokens.cpu()])
-        offsets, visible = tree.pending_and_tree_layout(p, draft.parents.cpu())
+        pending = torch.tensor(state.pending, dtype=torch.long, device=self.device)
+        if draft.num_nodes == 0 and p == 1 and state.temp_len == 0:
+            offsets, visible = torch.zeros(1, dtype=torch.long, device=self.device), None  # a plain step
+        else:
+            offsets, visible = tree.pending_and_tree_layout(p, draft.parents.to(self.device), draft.depth)
+        tokens = torch.cat([pending, draft.tokens.to(self.device)])
         logits, hidden = self.forward(state, tokens, offsets, visible, hidden_layers)
         return Scores(logits=logits[p - 1:], hidden=hidden, num_pending=p)
 
     def commit(self, state: DecodeState, verdict: Verdict) -> None:
         """After score(): keep pending + the cached part of the accepted path; queue the rest."""
         p = len(state.pending)
-        self.keep(state, list(range(p)) + [p + i for i in verdict.path[: verdict.num_cached]])
+        cached = verdict.path[: verdict.num_cached]
+        if cached == list(range(len(cached))):  # a chain's prefix (or nothing): no gather needed
+            self.keep(state, p + len(cached))
+        else:
+            self.keep(state, list(range(p)) + [p + i for i in cached])
         state.pending = list(verdict.tokens[verdict.num_cached:])

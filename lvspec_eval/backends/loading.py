@@ -12,7 +12,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
+from . import attention
 from .base import Backend
+from .frame_rules import check_rule
 from .chat_template import load_tokenizer
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo" / "checkpoints"
@@ -46,43 +48,61 @@ def _model_class(model_type: str):
             "llava_onevision": LlavaOnevisionForConditionalGeneration}[model_type]
 
 
-def _preprocess_overrides(path: str, **budget) -> dict:
-    """Pixel budget from the checkpoint's preprocessor config, then from model_args."""
+def _checkpoint_preprocessing(local: Path) -> dict:
+    """min/max pixels and mean/std of a checkpoint folder: its video processor config first, then its
+    image processor config (released Qwen2.5-VL folders only have the latter)."""
     out = {}
-    local = Path(path)
     for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
-        if (local / name).exists():
-            cfg = json.loads((local / name).read_text())
-            for key in ("min_pixels", "max_pixels"):
-                if key in cfg and key not in out:
-                    out[key] = int(cfg[key])
-            for key in ("image_mean", "image_std"):
-                if key in cfg and key not in out:
-                    out[key] = tuple(float(x) for x in cfg[key])
-            if isinstance(cfg.get("size"), dict):
-                out.setdefault("min_pixels", cfg["size"].get("shortest_edge"))
-                out.setdefault("max_pixels", cfg["size"].get("longest_edge"))
+        if not (local / name).exists():
+            continue
+        cfg = json.loads((local / name).read_text())
+        size = cfg.get("size") if isinstance(cfg.get("size"), dict) else {}
+        for key, size_key in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+            value = cfg.get(key, size.get(size_key))
+            if value is not None and key not in out:
+                out[key] = int(value)
+        for key in ("image_mean", "image_std"):
+            if key in cfg and key not in out:
+                out[key] = tuple(float(x) for x in cfg[key])
+    return out
+
+
+def _preprocess_overrides(path: str, video_rule: str = "fps", **budget) -> dict:
+    """What the family's backend builds its preprocessing from: the video rule, the checkpoint's
+    mean/std and pixel limits, and the min_pixels/max_pixels given as model_args (`budget`, these
+    win). Under rule `fps` the checkpoint's limits are the per-frame limits; under `qwen_vl_utils`
+    they are those of the processor's resize after qwen-vl-utils' (`checkpoint_pixels`); under
+    `lmms_eval` lmms-eval passes its own limits to the processor, so the checkpoint's are unused."""
+    check_rule(video_rule)
+    found = _checkpoint_preprocessing(Path(path))
+    out = {"video_rule": video_rule, **{k: v for k, v in found.items() if k in ("image_mean", "image_std")}}
+    limits = {k: v for k, v in found.items() if k in ("min_pixels", "max_pixels")}
+    if video_rule == "fps":
+        out.update(limits)
+    elif video_rule == "qwen_vl_utils" and len(limits) == 2:
+        out["checkpoint_pixels"] = (limits["min_pixels"], limits["max_pixels"])
     out.update({k: v for k, v in budget.items() if v is not None})
-    return {k: v for k, v in out.items() if v is not None}
+    return out
 
 
 def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_implementation: str = "sdpa",
                  device_map: str | None = None, min_pixels: int | None = None,
-                 max_pixels: int | None = None) -> Backend:
+                 max_pixels: int | None = None, video_rule: str = "fps") -> Backend:
+    """video_rule: how frames are sized (frame_rules.py); `fps` keeps the checkpoint's own limits."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
+    attention.tree_path(attn_implementation)  # refuse an unsupported kernel before loading anything
     path = resolve_path(name)
     config = AutoConfig.from_pretrained(path)
     families = _families()
     if config.model_type not in families:
         raise ValueError(f"{name}: model_type {config.model_type!r} is not supported; expected one of "
                          f"{', '.join(families)}")
-    kwargs = {"dtype": DTYPES[dtype], "attn_implementation": attn_implementation}
-    if device_map:
-        kwargs["device_map"] = device_map
+    kwargs = {"dtype": DTYPES[dtype], "attn_implementation": attn_implementation, **placement(device, device_map)}
     model = _model_class(config.model_type).from_pretrained(path, **kwargs).eval()
-    if not device_map:
-        model.to(device)
+    # The vision tower keeps the kernel it was loaded with; the language model's attention routes
+    # tree-masked forwards to a path that honours the mask (attention.py).
+    attention.install(model)
     tokenizer = load_tokenizer(path)  # with the processor's chat template (chat_template.json) if it has one
-    overrides = _preprocess_overrides(path, min_pixels=min_pixels, max_pixels=max_pixels)
+    overrides = _preprocess_overrides(path, video_rule, min_pixels=min_pixels, max_pixels=max_pixels)
     return families[config.model_type].from_pretrained_parts(model, tokenizer, model.device, overrides)
