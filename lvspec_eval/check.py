@@ -8,6 +8,9 @@ A row fails when (the baseline row, vanilla, is exempt from the first and third 
   e2e speedup, quality or retention fell by more than --tolerance (relative: 0.05 = 5 %).
 Each failure prints one line naming method, task and figure; the exit code is then 1. Otherwise
 it prints a short OK table and exits 0.
+
+--methods a,b gates the rows of those methods only (e.g. the lossless ones and lvspec, leaving out
+FLy, lossy by design); a name the summary does not have is an error that lists the ones it has.
 """
 
 from __future__ import annotations
@@ -97,6 +100,33 @@ def check_summary(summary: dict, gate: Gate, old: dict | None = None) -> tuple[l
     return failures, notes
 
 
+def parse_methods(value: str | None) -> tuple[str, ...] | None:
+    """--methods "a,b" -> ("a", "b"); not given -> None (every method)."""
+    if value is None:
+        return None
+    names = tuple(dict.fromkeys(m.strip() for m in value.split(",") if m.strip()))
+    if not names:
+        raise ValueError(f"--methods {value!r} names no method; give a comma-separated list, e.g. sd_tree,lvspec")
+    return names
+
+
+def keep_methods(summary: dict, methods: tuple[str, ...] | None) -> dict:
+    """The summary with the rows of `methods` only (all rows when None)."""
+    if methods is None:
+        return summary
+    return {**summary, "rows": [r for r in summary.get("rows") or [] if r["method"] in methods]}
+
+
+def select_methods(summary: dict, methods: tuple[str, ...] | None) -> dict:
+    """keep_methods, after checking that the summary has every named method."""
+    present = sorted({r["method"] for r in summary.get("rows") or []})
+    unknown = [m for m in methods or () if m not in present]
+    if unknown:
+        raise ValueError(f"--methods: {', '.join(unknown)} not in the summary; its methods: "
+                         f"{', '.join(present) or 'none'}")
+    return keep_methods(summary, methods)
+
+
 def ok_table(summary: dict) -> str:
     lines = [f"{'task':<20} {'method':<28} {'retention lo':>12} {'exact':>7} {'decode x':>9}"]
     for r in summary.get("rows") or []:
@@ -116,14 +146,16 @@ def _validate(args: argparse.Namespace) -> Gate:
 
 def _run(args: argparse.Namespace) -> int:
     gate = _validate(args)
-    summary = load_summary(args.summary)
-    old = load_summary(args.baseline) if args.baseline else None
+    methods = parse_methods(args.methods)
+    summary = select_methods(load_summary(args.summary), methods)
+    old = keep_methods(load_summary(args.baseline), methods) if args.baseline else None
     failures, notes = check_summary(summary, gate, old)
     for line in failures + notes:
         print(line)
     if failures:
         return 1
-    print(f"OK: {len(summary['rows'])} rows pass (min retention {gate.min_retention:g})")
+    scope = f"; methods {', '.join(methods)}" if methods else ""
+    print(f"OK: {len(summary['rows'])} rows pass (min retention {gate.min_retention:g}{scope})")
     print(ok_table(summary))
     return 0
 
@@ -137,4 +169,6 @@ def register(subparsers) -> None:
         "--baseline", type=Path, default=None, metavar="OLD.json", help="an earlier summary.json to detect regressions"
     )
     p.add_argument("--tolerance", type=float, default=0.05, help="allowed relative drop against --baseline")
+    p.add_argument("--methods", default=None, metavar="A,B",
+                   help="gate only these methods' rows (default: every method in the summary)")
     p.set_defaults(func=_run)

@@ -133,3 +133,41 @@ def test_bad_version_and_tolerance_are_errors(tmp_path):
 def test_check_summary_is_usable_without_the_cli():
     failures, notes = check.check_summary(GOOD, check.Gate(min_retention=0.995))
     assert failures == ["FAIL lvspec on videomme: retention lower bound 0.992 < 0.995 (n=100)"] and notes == []
+
+
+MIXED = make_summary(
+    make_row("vanilla"), make_row("sd_tree"), make_row("lvspec", exact_match_rate=0.8, retention_ci=[0.992, 1.01]),
+    make_row("fly", retention_ci=[0.9, 0.97], exact_match_rate=0.3),  # lossy by design: fails the 0.99 bar
+)
+
+
+def test_methods_gates_the_named_methods_only(tmp_path, capsys):
+    assert run_check(tmp_path, MIXED) == 1
+    assert "FAIL fly on videomme" in capsys.readouterr().out
+    assert run_check(tmp_path, MIXED, "--methods", "vanilla,sd_tree,lvspec") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK: 3 rows pass (min retention 0.99; methods vanilla, sd_tree, lvspec)")
+    assert "fly" not in out
+
+
+def test_methods_still_fails_a_named_method(tmp_path, capsys):
+    assert run_check(tmp_path, MIXED, "--methods", "sd_tree,fly") == 1
+    assert capsys.readouterr().out.splitlines() == ["FAIL fly on videomme: retention lower bound 0.9 < 0.99 (n=100)"]
+
+
+def test_methods_unknown_name_lists_the_summary_methods(tmp_path):
+    with pytest.raises(ValueError, match=r"--methods: lvspek, eagle not in the summary; its methods: fly, lvspec, "
+                                         r"sd_tree, vanilla"):
+        run_check(tmp_path, MIXED, "--methods", "lvspec,lvspek,eagle")
+    with pytest.raises(ValueError, match="--methods ' , ' names no method"):
+        run_check(tmp_path, MIXED, "--methods", " , ")
+
+
+def test_methods_limits_the_baseline_comparison(tmp_path, capsys):
+    old = copy.deepcopy(MIXED)
+    old["rows"].append(make_row("specvlm"))  # not gated now: no note about it
+    new = copy.deepcopy(MIXED)
+    new["rows"][3]["decode_speedup"] = 1.0  # fly regressed, but fly is not gated
+    assert run_check(tmp_path, new, "--methods", "sd_tree,lvspec", old=old) == 0
+    out = capsys.readouterr().out
+    assert "fly" not in out and "specvlm" not in out
