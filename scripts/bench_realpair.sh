@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# `make bench-realpair`: our decoders against transformers' greedy generate() and its assisted
+# generation on a Qwen2.5-VL pair with real pretrained language models (text prompts; the pair's
+# vision towers are random). Builds the pair first if it is missing (../shared/realpair/build.sh:
+# about 5 minutes, 5 GB of downloads, 16 GB of memory). Not part of `make test`.
+#
+# env: REALPAIR  the pair's folder (default $HOME/.cache/lvspec-realpair, holding target/ and draft/)
+#      METHODS   our methods (default vanilla,sd_tree)      LIMIT      prompts (default 10, at least 8)
+#      MAX_NEW_TOKENS (default 128)    THREADS (default: all cores)    OUT_DIR (default .cache/bench-realpair)
+#      OPTIONS   decoding options as model_args (default none: each method's defaults)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="$ROOT/.venv/bin/python"
+PAIR="${REALPAIR:-$HOME/.cache/lvspec-realpair}"
+BUILD="$ROOT/../shared/realpair/build.sh"
+OUT_DIR="${OUT_DIR:-.cache/bench-realpair}"
+
+if [ ! -f "$PAIR/target/config.json" ] || [ ! -f "$PAIR/draft/config.json" ]; then
+  if [ ! -f "$BUILD" ]; then
+    echo "bench-realpair: the pair is not in $PAIR and its recipe is missing: expected ../shared/realpair/build.sh" >&2
+    echo "  beside this checkout (a sibling folder 'shared' of the repository root). Put it there, or build the" >&2
+    echo "  pair elsewhere and set REALPAIR to the folder holding target/ and draft/." >&2
+    exit 2
+  fi
+  echo "bench-realpair: building the pair into $PAIR (once)"
+  "$PY" -m pip install -q "gguf==0.19.0" accelerate
+  PYTHON="$PY" OUT="$PAIR" bash "$BUILD"
+fi
+
+mkdir -p "$OUT_DIR"
+"$ROOT/.venv/bin/lvspec-eval" bench --target "$PAIR/target" --draft "$PAIR/draft" --dtype float32 \
+  --methods "${METHODS:-vanilla,sd_tree}" --options "${OPTIONS:-}" --prompts builtin --limit "${LIMIT:-10}" \
+  --max-new-tokens "${MAX_NEW_TOKENS:-128}" --threads "${THREADS:-$(nproc)}" --hf-baseline --hf-assisted \
+  --out "$OUT_DIR/summary.json" --records "$OUT_DIR/records.jsonl" | tee "$OUT_DIR/table.md"
+echo "bench-realpair: $OUT_DIR/summary.json, $OUT_DIR/records.jsonl, $OUT_DIR/table.md"
