@@ -127,14 +127,14 @@ def dispatch_name(kernel: str) -> str:
     return name
 
 
-def install(model) -> str:
-    """Route the language model's attention through the dispatcher for the kernel it was loaded with.
+def install(model, kernel: str | None = None) -> str:
+    """Route the language model's attention through the dispatcher for `kernel` (default: the one
+    it was loaded with, as transformers resolved it). Returns the kernel.
 
     Only the text config changes: the vision tower keeps the kernel `from_pretrained` gave it.
-    Returns the kernel.
     """
     text_config = model.config.get_text_config()
-    kernel = kernel_of(text_config)
+    kernel = kernel or kernel_of(text_config)
     text_config._attn_implementation = dispatch_name(kernel)
     return kernel
 

@@ -85,6 +85,18 @@ def _preprocess_overrides(path: str, video_rule: str = "fps", **budget) -> dict:
     return out
 
 
+def placement(device: str, device_map: str | dict | None) -> dict:
+    """from_pretrained's placement argument: weights load straight onto their device(s).
+
+    With a device_map, transformers places each layer; without one, an accelerator device gets
+    the whole model as {"": device}, so the weights are never first materialised in host memory
+    (65 GB for a 32B target in bf16, per data-parallel rank). The CPU needs neither.
+    """
+    if device_map:
+        return {"device_map": device_map}
+    return {} if torch.device(device).type == "cpu" else {"device_map": {"": device}}
+
+
 def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_implementation: str = "sdpa",
                  device_map: str | None = None, min_pixels: int | None = None,
                  max_pixels: int | None = None, video_rule: str = "fps") -> Backend:
