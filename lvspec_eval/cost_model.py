@@ -5,22 +5,31 @@ their decode cost barely depends on the number of visual tokens). What decides a
 at scale is how its per-step cost grows with the video, and that depends only on architecture and
 implementation, not on trained weights. So we time the real architectures (layer counts, widths,
 heads, vocabularies of Qwen2.5-VL-7B/32B and LLaVA-OneVision-0.5B/7B) with random weights,
-through this project's own backends (prefill, tree-masked forward, cache drop), and combine the
-timings with acceptance lengths tau (measured by a benchmark run, or assumed) into speedups:
+through this project's own backends and drafter (prefill, tree growth, tree-masked forward, cache
+compaction), and combine the timings with acceptance lengths tau (measured by a benchmark run, or
+assumed) into speedups:
 
-    decode speedup = (tau + 1) * t_target_step / (t_draft_step * depth + t_verify)
-    e2e speedup    = (P + T * t_target_step) / (P + P_draft + T / (tau + 1) * (t_draft_step * depth + t_verify))
+    step           = t_draft_tree + t_verify + t_compact
+    decode speedup = (tau + 1) * t_target_step / step
+    e2e speedup    = (P + T * t_target_step) / (P + P_draft + T / (tau + 1) * step)
 
 t_target_step: one vanilla decode step of the target (1 token, KV holding the whole video).
 t_verify: one target forward over the root and a draft tree (`tree_nodes` nodes, tree mask).
-t_draft_step: one draft forward over a tree level (`level_width` tokens), its KV holding
+t_compact: the target's commit after that forward: Backend.keep of the root and an accepted path
+  of round(tau) nodes (not contiguous in the tree, so every cache layer is gathered and copied).
+t_draft_tree: one whole proposal of the drafter (decoding/drafters/model.ModelDrafter.propose):
+  feeding the round(tau) + 1 tokens committed since its last proposal, growing an EAGLE-2 dynamic
+  tree (`depth` levels, `level_width` = top-k nodes expanded per level, `tree_nodes` kept) with
+  one batched forward per level, and dropping the tree's cache entries; its KV holds
   full: all visual tokens (a Std-SD draft model on the whole video, as SD-Tree),
   pruned: 1 - prune_ratio of them (SpecVLM's pruned draft, ratio 0.9 by default),
   sparrow: none (Sparrow's head: modelled as a one-layer decoder at the target's width and
   vocabulary over the prompt's text only; its visual information arrives in hidden states).
-P, P_draft: target and draft prefill; T: generated tokens (`new_tokens`).
+P, P_draft: target and draft prefill (the draft's includes SpecVLM's token selection); T:
+generated tokens (`new_tokens`).
 Visual features are random (the vision encoder is not timed: its cost is the same with or
-without speculation). On a GPU, clocks are read after a synchronise (decoding/loop.make_clock).
+without speculation); they are made on the device, in the model's dtype, before any clock starts.
+On a GPU, clocks are read after a synchronise (decoding/loop.make_clock).
 
 Sizes: on a GPU the real sizes in bf16; on a CPU, `scale` (a width factor: attention heads,
 hidden, MLP and vocabulary widths shrink together, head_dim kept) and `max_layers` (the layer
@@ -37,18 +46,19 @@ import contextlib
 import json
 import math
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from .backends.base import Backend, PreparedInputs
+from .backends.base import Backend, DecodeState, PreparedInputs, crop_cache
 from .backends.llava_onevision import LlavaOnevisionBackend
 from .backends.qwen2_5_vl import QwenVLBackend
 from .decoding import tree
+from .decoding.drafters.model import ModelDrafter
 from .decoding.loop import make_clock
-from .decoding.pruning import PruneConfig, select_visual_tokens
+from .decoding.pruning import PruneConfig
 
 # Text decoders of the real checkpoints (their config.json text_config values).
 ARCHITECTURES = {
@@ -75,6 +85,8 @@ GPU_VISUAL_TOKENS = (256, 1024, 4096, 8192, 16384, 25000)
 CPU_VISUAL_TOKENS = (256, 1024, 4096)
 TOKENS_PER_FRAME_SIDE = 16  # Qwen: 16 x 16 merged tokens per temporal patch (448 px frames)
 MIN_VOCAB = 64  # above the five special ids a synthetic prompt uses
+DEFAULT_OUT = Path("results/cost_model")  # relative to the working directory
+FEATURES = "synthetic_visual_features"  # PreparedInputs.extra key of the random visual features
 
 
 @dataclass(frozen=True)
@@ -101,8 +113,8 @@ class CostConfig:
     scale: Scale = field(default_factory=Scale)
     taus: dict = field(default_factory=lambda: dict(DEFAULT_TAU))
     tau_source: str = "assumed"
-    depth: int = 5  # draft forwards per step (tree levels)
-    level_width: int = 8  # tokens per draft forward (the widest level of SpecVLM's 26-node tree)
+    depth: int = 5  # draft tree levels
+    level_width: int = 8  # nodes expanded per level: the dynamic tree's top-k (SpecVLM's widest level)
     tree_nodes: int = 25  # draft nodes verified per step (26 with the root)
     prune_ratio: float = 0.9
     new_tokens: int = 256  # generated tokens, for the end-to-end figure
@@ -204,16 +216,24 @@ class _Synthetic:
         inputs = PreparedInputs(input_ids=input_ids, visual_mask=(input_ids[0] == ids["video"]).cpu(),
                                 model_kwargs={})
         self.attach_positions(inputs, num_visual)
+        inputs.extra[FEATURES] = self.random_features(num_visual, seed)
         return inputs
+
+    def random_features(self, num_visual: int, seed: int) -> torch.Tensor:
+        """[num_visual, hidden] random visual features, made on the device in the model's dtype.
+
+        Made here, with the inputs, so no timed prefill pays for them (on one CPU thread drawing
+        25,000 x 5,120 numbers took 1.55 s, more than the prefill they fed)."""
+        hidden = self.model.config.get_text_config().hidden_size
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        return torch.randn(num_visual, hidden, generator=g, device=self.device, dtype=self.model.dtype) * 0.02
 
     def attach_positions(self, inputs: PreparedInputs, num_visual: int) -> None:
         """Family-specific position inputs (none for LLaVA-OneVision: 1-D positions)."""
 
     def visual_features(self, inputs: PreparedInputs) -> torch.Tensor:
-        hidden = self.model.config.get_text_config().hidden_size
-        g = torch.Generator().manual_seed(1)
-        feats = torch.randn(inputs.num_visual_tokens, hidden, generator=g) * 0.02
-        return feats.to(self.device, self.model.dtype)
+        """The features synthetic_inputs made (the vision tower is never run)."""
+        return inputs.extra[FEATURES]
 
 
 class SyntheticQwen(_Synthetic, QwenVLBackend):
@@ -304,34 +324,57 @@ def timed_call(fn, backend: Backend, clock) -> float:
     return total + sum(end - start for start, end in spans) * (factor - 1)
 
 
-def best_seconds(fn, backend: Backend, repeats: int, clock, warmup: int = 1) -> float:
-    """The fastest of `repeats` timed calls of fn() after `warmup` untimed ones.
+def best_seconds(fn, backend: Backend, repeats: int, clock, warmup: int = 1,
+                 reset: Callable[[], None] | None = None) -> float:
+    """The fastest of `repeats` timed calls of fn() after `warmup` untimed ones; `reset` (untimed)
+    runs after every call.
 
     The minimum, not the median: a forward's cost is fixed and other processes on a shared
     machine only ever add to it, so the fastest repeat is the best estimate of the cost itself
     (the models here are timed one after another, so drift cannot cancel out in a ratio).
     """
-    for _ in range(warmup):
-        fn()
-    return min(timed_call(fn, backend, clock) for _ in range(repeats))
+    times = []
+    for k in range(warmup + repeats):
+        seconds = timed_call(fn, backend, clock)
+        if k >= warmup:
+            times.append(seconds)
+        if reset is not None:
+            reset()
+    return min(times)
 
 
-def timed_prefill(backend: Backend, inputs: PreparedInputs, clock, keep: torch.Tensor | None = None):
+def rewinder(state: DecodeState) -> Callable[[], None]:
+    """A function that puts `state` back to what its cache holds now, so that every repeat of a
+    timed call that commits entries (Backend.keep) starts from the same cache."""
+    cache_len, next_pos, pending = state.cache_len, state.next_pos, list(state.pending)
+
+    def rewind() -> None:
+        crop_cache(state.cache, cache_len)
+        state.cache_len, state.next_pos, state.pending, state.temp_len = cache_len, next_pos, list(pending), 0
+
+    return rewind
+
+
+def timed_prefill(backend: Backend, inputs: PreparedInputs, clock):
     """(seconds, state) of one prefill (a warm-up prefill ran first on a short prompt)."""
     out = {}
 
     def run():
-        out["state"] = backend.prefill(inputs, keep_visual=keep)[0]
+        out["state"] = backend.prefill(inputs)[0]
 
     return timed_call(run, backend, clock), out["state"]
+
+
+def random_tokens(backend: Backend, n: int, seed: int) -> torch.Tensor:
+    """[n] random text token ids (below the visual markers)."""
+    top = special_ids(backend.model.config.get_text_config().vocab_size)["vision_end"] - 1
+    return torch.randint(0, top, (n,), generator=torch.Generator().manual_seed(seed))
 
 
 def forward_seconds(backend: Backend, state, offsets: torch.Tensor, visible: torch.Tensor, cfg: CostConfig,
                     clock) -> float:
     """Time of one tree-masked forward of len(offsets) tokens; the cache is left as it was."""
-    g = torch.Generator().manual_seed(cfg.seed)
-    tokens = torch.randint(0, special_ids(backend.model.config.get_text_config().vocab_size)["vision_end"] - 1,
-                           (offsets.numel(),), generator=g)
+    tokens = random_tokens(backend, offsets.numel(), cfg.seed)
 
     def step():
         backend.forward(state, tokens, offsets, visible)
@@ -340,14 +383,39 @@ def forward_seconds(backend: Backend, state, offsets: torch.Tensor, visible: tor
     return best_seconds(step, backend, cfg.repeats, clock)
 
 
-def verify_layout(num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Offsets and visibility of the root plus a tree of num_nodes (SpecVLM's shape, cut or grown)."""
+def verify_paths(num_nodes: int) -> list[tuple[int, ...]]:
+    """The verified tree's nodes as rank paths, parents first (SpecVLM's shape, cut or grown)."""
     paths = sorted(tree.SPECVLM_26, key=lambda p: (len(p), p))[:num_nodes]
     while len(paths) < num_nodes:  # deeper along rank 0 when more nodes are asked for
         paths.append(paths[-1] + (0,))
+    return paths
+
+
+def verify_layout(num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Offsets and visibility of the root plus a tree of num_nodes."""
+    paths = verify_paths(num_nodes)
     index = {p: i for i, p in enumerate(paths)}
     parents = torch.tensor([index.get(p[:-1], -1) for p in paths], dtype=torch.long)
     return tree.pending_and_tree_layout(1, parents)
+
+
+def accepted_length(tau: float) -> int:
+    """Draft tokens accepted in a typical step."""
+    return max(0, round(tau))
+
+
+def commit_indices(num_nodes: int, num_accepted: int) -> list[int]:
+    """Temporary cache indices a commit keeps after verify_layout's forward: the root (0) and the
+    rank-0 path of num_accepted nodes (node i sits at 1 + i; the path is not contiguous, so the
+    commit gathers and copies, as after a real step)."""
+    index = {p: i for i, p in enumerate(verify_paths(num_nodes))}
+    path = [index[(0,) * d] for d in range(1, num_accepted + 1) if (0,) * d in index]
+    return [0] + [1 + i for i in path]
+
+
+def draft_tree_config(cfg: CostConfig) -> tree.TreeConfig:
+    """The tree the model drafter grows: EAGLE-2 dynamic, level_width nodes fed per level."""
+    return tree.TreeConfig(kind="dynamic", depth=cfg.depth, topk=cfg.level_width, total=cfg.tree_nodes)
 
 
 def level_layout(width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,41 +425,78 @@ def level_layout(width: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ---- measurements ---------------------------------------------------------------------------------
 
+def compaction_seconds(backend: Backend, state: DecodeState, num_accepted: int, cfg: CostConfig, clock) -> float:
+    """Time of the target's commit (Backend.keep) after a tree verification accepting num_accepted
+    nodes. keep runs outside the decoder layers, so timed_call cannot scale it; it loops over the
+    cache layers, so its time is multiplied by the depth factor here."""
+    offsets, visible = verify_layout(cfg.tree_nodes)
+    tokens, keep = random_tokens(backend, offsets.numel(), cfg.seed), commit_indices(cfg.tree_nodes, num_accepted)
+    rewind, times = rewinder(state), []
+    for _ in range(cfg.repeats + 1):  # the first is a warm-up
+        backend.forward(state, tokens, offsets, visible)
+        t0 = clock()
+        backend.keep(state, keep)
+        times.append(clock() - t0)
+        rewind()
+    return min(times[1:]) * backend.depth_factor
+
+
+def accepted_lengths(cfg: CostConfig) -> list[int]:
+    return sorted({accepted_length(cfg.taus[d]) for d in cfg.drafters})
+
+
 def measure_target(backend: Backend, num_visual: int, cfg: CostConfig, clock) -> dict:
-    """Prefill, one vanilla step and one tree verification with num_visual tokens in the KV."""
+    """Prefill, one vanilla step, one tree verification and its commit (per accepted length)
+    with num_visual tokens in the KV."""
     inputs = backend.synthetic_inputs(num_visual, cfg.prompt_tokens, cfg.seed)
     prefill_s, state = timed_prefill(backend, inputs, clock)
     step_s = forward_seconds(backend, state, *level_layout(1), cfg, clock)
     verify_s = forward_seconds(backend, state, *verify_layout(cfg.tree_nodes), cfg, clock)
+    compact_s = {k: compaction_seconds(backend, state, k, cfg, clock) for k in accepted_lengths(cfg)}
     return {"visual_tokens": inputs.num_visual_tokens, "prefill_s": prefill_s, "step_s": step_s,
-            "verify_s": verify_s}
+            "verify_s": verify_s, "compact_s": compact_s}
 
 
-def kept_indices(num_visual: int, prune_ratio: float, seed: int = 0) -> torch.Tensor:
-    """The visual tokens SpecVLM's pruning keeps (decoding/pruning.py) for random attention scores:
-    how many is what costs; which ones does not."""
-    scores = torch.rand(num_visual, generator=torch.Generator().manual_seed(seed))
-    return select_visual_tokens(scores, PruneConfig(ratio=prune_ratio))
+def attention_scores(num_visual: int, seed: int = 0) -> torch.Tensor:
+    """Random stand-ins for the attention each visual token received in the target's prefill:
+    how many tokens the pruning keeps is what costs; which ones does not."""
+    return torch.rand(num_visual, generator=torch.Generator().manual_seed(seed))
 
 
 def measure_drafter(backend: Backend, drafter: str, num_visual: int, cfg: CostConfig, clock) -> dict:
-    """Draft prefill and one draft step (a tree level) with the drafter's share of the visual KV."""
+    """Draft prefill (with SpecVLM's token selection for the pruned draft) and one whole proposal,
+    through the project's ModelDrafter, with the drafter's share of the visual KV."""
     n = 0 if drafter == "sparrow" else num_visual  # Sparrow's head sees the prompt's text only
     inputs = backend.synthetic_inputs(n, cfg.prompt_tokens, cfg.seed)
-    keep = kept_indices(n, cfg.prune_ratio, cfg.seed) if drafter == "pruned" and n else None
-    prefill_s, state = timed_prefill(backend, inputs, clock, keep)
-    step_s = forward_seconds(backend, state, *level_layout(cfg.level_width), cfg, clock)
-    kept = 0 if not n else (n if keep is None else int(keep.numel()))
-    return {"prefill_s": prefill_s, "step_s": step_s, "kept_visual_tokens": kept}
+    prune = PruneConfig(ratio=cfg.prune_ratio) if drafter == "pruned" and n else None
+    model_drafter = ModelDrafter(draft_tree_config(cfg), prune=prune)  # drafts with `backend`, passed as target
+    # what start() reads of the target's prefill: the attention each visual token received
+    target_view = types.SimpleNamespace(extra={"visual_attention": attention_scores(n, cfg.seed)})
+    info = {}
+
+    def start():
+        info.update(model_drafter.start(backend, inputs, target_view, clock))
+
+    prefill_s = timed_call(start, backend, clock)
+    per_step = accepted_length(cfg.taus[drafter]) + 1  # tokens committed since the last proposal
+    pool = random_tokens(backend, per_step * (cfg.repeats + 1), cfg.seed).tolist()
+    committed: list[int] = []
+
+    def propose():
+        committed.extend(pool[len(committed):len(committed) + per_step])
+        model_drafter.propose(committed)
+
+    tree_s = best_seconds(propose, backend, cfg.repeats, clock)
+    return {"prefill_s": prefill_s, "tree_s": tree_s, "kept_visual_tokens": info["kept_visual_tokens"]}
 
 
 def predict(target: dict, draft: dict, tau: float, cfg: CostConfig) -> dict:
     """Speedups from the timings (formulas in the module docstring)."""
-    step = draft["step_s"] * cfg.depth + target["verify_s"]
+    step = draft["tree_s"] + target["verify_s"] + target["compact_s"][accepted_length(tau)]
     vanilla_e2e = target["prefill_s"] + cfg.new_tokens * target["step_s"]
     method_e2e = target["prefill_s"] + draft["prefill_s"] + cfg.new_tokens / (tau + 1) * step
     return {"decode_speedup": (tau + 1) * target["step_s"] / step, "e2e_speedup": vanilla_e2e / method_e2e,
-            "draft_share": draft["step_s"] * cfg.depth / step}
+            "draft_share": draft["tree_s"] / step}
 
 
 def _release(backend: Backend | None) -> None:
@@ -446,7 +551,8 @@ def _row(pair: str, drafter: str, n: int, costs: dict, cfg: CostConfig) -> dict:
             "draft_visual_tokens": draft["kept_visual_tokens"], "tau": tau,
             "target_prefill_s": target["prefill_s"], "draft_prefill_s": draft["prefill_s"],
             "target_step_ms": 1e3 * target["step_s"], "verify_ms": 1e3 * target["verify_s"],
-            "draft_step_ms": 1e3 * draft["step_s"], **predict(target, draft, tau, cfg)}
+            "compact_ms": 1e3 * target["compact_s"][accepted_length(tau)], "draft_tree_ms": 1e3 * draft["tree_s"],
+            **predict(target, draft, tau, cfg)}
 
 
 def run_cost_model(cfg: CostConfig, log=print) -> dict:
@@ -455,7 +561,7 @@ def run_cost_model(cfg: CostConfig, log=print) -> dict:
     rows = [row for pair in cfg.pairs for row in measure_pair(pair, cfg, clock, log)]
     settings = asdict(cfg)
     return {"version": 1, "device": describe_device(cfg.device), "settings": settings, "rows": rows,
-            "formula": "decode_speedup = (tau + 1) * target_step / (draft_step * depth + verify)"}
+            "formula": "decode_speedup = (tau + 1) * target_step / (draft_tree + verify + compact)"}
 
 
 def describe_device(device: str) -> str:
@@ -469,7 +575,8 @@ def describe_device(device: str) -> str:
 TABLE_COLUMNS = (("pair", "pair", "{}"), ("drafter", "drafter", "{}"), ("visual_tokens", "visual tokens", "{:d}"),
                  ("draft_visual_tokens", "in draft KV", "{:d}"), ("tau", "tau", "{:.2f}"),
                  ("target_step_ms", "target step ms", "{:.2f}"), ("verify_ms", "verify ms", "{:.2f}"),
-                 ("draft_step_ms", "draft step ms", "{:.2f}"), ("decode_speedup", "decode speedup", "{:.2f}x"),
+                 ("compact_ms", "compact ms", "{:.2f}"), ("draft_tree_ms", "draft tree ms", "{:.2f}"),
+                 ("decode_speedup", "decode speedup", "{:.2f}x"),
                  ("e2e_speedup", "e2e speedup", "{:.2f}x"))
 
 
@@ -513,14 +620,22 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def output_paths(json_path: Path, plots: bool = True) -> dict[str, Path]:
+    """The JSON file and, beside it with the same stem, the table (.md) and the plot (.png)."""
+    kinds = ("json", "md", "png") if plots else ("json", "md")
+    return {kind: json_path.with_suffix(f".{kind}") if kind != "json" else json_path for kind in kinds}
+
+
 def write_outputs(result: dict, out_dir: Path, plots: bool = True) -> dict[str, Path]:
     """cost_model.json, cost_model.md and (with plots) cost_model.png under out_dir."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / "cost_model.json", "md": out_dir / "cost_model.md"}
+    return write_files(result, output_paths(Path(out_dir) / "cost_model.json", plots))
+
+
+def write_files(result: dict, paths: dict[str, Path]) -> dict[str, Path]:
+    paths["json"].parent.mkdir(parents=True, exist_ok=True)
     paths["json"].write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     paths["md"].write_text(markdown_table(result), encoding="utf-8")
-    if plots:
-        paths["png"] = out_dir / "cost_model.png"
+    if "png" in paths:
         plot(result, paths["png"])
     return paths
 
@@ -572,8 +687,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--head-dim", type=int, default=None, help="override head_dim (default: the real one)")
     g.add_argument("--tau", default="", help="acceptance lengths, e.g. full=3.1,pruned=2.9,sparrow=3.8")
     g.add_argument("--tau-from", type=Path, default=None, help="take tau from a report's summary.json")
-    g.add_argument("--tree-depth", type=int, default=5, help="draft forwards per step")
-    g.add_argument("--level-width", type=int, default=8, help="tokens per draft forward")
+    g.add_argument("--tree-depth", type=int, default=5, help="levels of the draft tree")
+    g.add_argument("--level-width", type=int, default=8, help="nodes expanded per level (the dynamic tree's top-k)")
     g.add_argument("--tree-nodes", type=int, default=25, help="draft nodes verified per step")
     g.add_argument("--prune-ratio", type=float, default=0.9, help="share of visual tokens the pruned draft drops")
     g.add_argument("--new-tokens", type=int, default=256, help="generated tokens for the e2e speedup")
@@ -583,7 +698,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cost-dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="default: bfloat16 on GPU, float32 on CPU")
     g.add_argument("--cost-attn", default="sdpa", choices=("sdpa", "eager", "flash_attention_2"))
-    g.add_argument("--cost-out", type=Path, default=Path("results/cost_model"), help="output folder")
+    g.add_argument("--cost-out", type=Path, default=None,
+                   help=f"output folder (default {DEFAULT_OUT}; --out FILE.json names the JSON file instead)")
     g.add_argument("--no-cost-plot", action="store_true", help="skip the PNG")
 
 
@@ -606,20 +722,39 @@ def config_from_args(args: argparse.Namespace) -> CostConfig:
                       attn_implementation=args.cost_attn)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point for `lvspec-eval bench --cost-model` (and `python -m lvspec_eval.cost_model`)."""
-    cfg = config_from_args(args)
-    result = run_cost_model(cfg)
-    paths = write_outputs(result, args.cost_out, plots=not args.no_cost_plot)
+def destination(args: argparse.Namespace) -> dict[str, Path]:
+    """Where the outputs go: `--out FILE.json` (bench's own option: the JSON there, the .md and .png
+    beside it), else `--cost-out DIR` (cost_model.json, .md, .png in it), else DEFAULT_OUT."""
+    plots = not args.no_cost_plot
+    out = getattr(args, "out", None)
+    if out is None:
+        return output_paths((args.cost_out or DEFAULT_OUT) / "cost_model.json", plots)
+    if args.cost_out is not None:
+        raise ValueError(f"--out {out} and --cost-out {args.cost_out}: give one (--out FILE.json or --cost-out DIR)")
+    if Path(out).is_dir():
+        raise ValueError(f"--out {out} is a folder; with --cost-model it names the JSON file (FILE.json, with "
+                         "FILE.md and FILE.png beside it); for a folder use --cost-out DIR")
+    return output_paths(Path(out), plots)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Entry point for `lvspec-eval bench --cost-model` (and `python -m lvspec_eval.cost_model`).
+
+    Returns the result, as bench.run does (bench writes it to --out again, unchanged)."""
+    paths = destination(args)  # checked before minutes of timing, not after
+    result = run_cost_model(config_from_args(args))
+    write_files(result, paths)
     print(markdown_table(result))
     print("written: " + ", ".join(str(p) for p in paths.values()))
-    return 0
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lvspec_eval.cost_model", description=__doc__.split("\n")[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    parser.add_argument("--out", type=Path, default=None, help="the JSON file (.md and .png beside it)")
+    run(parser.parse_args(argv))
+    return 0
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -53,18 +54,23 @@ def test_verify_layout_is_root_plus_tree():
     assert visible[1:, 0].all()  # every node sees the root
 
 
-def test_kept_indices_follow_the_ratio():
-    assert cm.kept_indices(1000, 0.9).numel() == 100
-    assert cm.kept_indices(5, 0.9).numel() == 1
+def test_commit_keeps_the_root_and_a_scattered_path():
+    assert cm.commit_indices(25, 0) == [0]
+    keep = cm.commit_indices(25, 3)
+    assert keep[0] == 0 and len(keep) == 4
+    assert keep != list(range(4))  # not contiguous: Backend.keep gathers and copies
+    offsets, _ = cm.verify_layout(25)
+    assert [int(offsets[i]) for i in keep] == [0, 1, 2, 3]  # one node per depth along the path
 
 
 def test_predict_formula():
     cfg = tiny_config(depth=4, new_tokens=100)
-    target = {"prefill_s": 1.0, "step_s": 0.02, "verify_s": 0.025}
-    draft = {"prefill_s": 0.5, "step_s": 0.005}
+    target = {"prefill_s": 1.0, "step_s": 0.02, "verify_s": 0.025, "compact_s": {3: 0.001, 2: 0.5}}
+    draft = {"prefill_s": 0.5, "tree_s": 0.02}
     out = cm.predict(target, draft, tau=3.0, cfg=cfg)
-    assert out["decode_speedup"] == pytest.approx(4 * 0.02 / (0.005 * 4 + 0.025))
-    assert out["e2e_speedup"] == pytest.approx((1 + 100 * 0.02) / (1 + 0.5 + 25 * 0.045))
+    step = 0.02 + 0.025 + 0.001  # draft tree + verification + the commit of 3 accepted nodes
+    assert out["decode_speedup"] == pytest.approx(4 * 0.02 / step)
+    assert out["e2e_speedup"] == pytest.approx((1 + 100 * 0.02) / (1 + 0.5 + 25 * step))
 
 
 def test_config_rejects_unknown_names():
@@ -112,8 +118,15 @@ def test_each_drafter_holds_its_share_of_the_video(tiny_result):
     assert kv["llava-ov-7b/0.5b", "full", 64] == 64
     assert kv["llava-ov-7b/0.5b", "pruned", 64] == 6
     assert kv["llava-ov-7b/0.5b", "sparrow", 64] == 0
-    sparrow = [r["draft_step_ms"] for r in tiny_result["rows"] if r["drafter"] == "sparrow" and r["pair"].startswith("qwen")]
+    sparrow = [r["draft_tree_ms"] for r in tiny_result["rows"] if r["drafter"] == "sparrow" and r["pair"].startswith("qwen")]
     assert len(set(sparrow)) == 1  # no visual KV: one cost for every video length
+
+
+def test_rows_time_tree_growth_and_compaction(tiny_result):
+    for row in tiny_result["rows"]:
+        assert row["draft_tree_ms"] > 0 and row["compact_ms"] > 0
+        assert row["draft_share"] == pytest.approx(row["draft_tree_ms"] / (row["draft_tree_ms"] + row["verify_ms"]
+                                                                             + row["compact_ms"]))
 
 
 def test_outputs_are_written(tiny_result, tmp_path):
@@ -148,3 +161,94 @@ def test_layer_time_is_scaled_to_the_real_depth():
     assert len(spans) == 1 and 0 < spans[0][1] - spans[0][0] < total
     backend.depth_factor = 1.0
     assert cm.timed_call(lambda: None, backend, clock) < 0.01
+
+
+# ---- issue 17 point 9: inputs outside the clock, growth and compaction inside it, --out, exit 0 ----
+
+def test_visual_features_are_made_with_the_inputs_not_in_the_prefill(monkeypatch):
+    arch = cm.shrink(cm.ARCHITECTURES["qwen2.5-vl-7b"], TINY)
+    backend = cm.build_backend(arch, tiny_config())
+    inputs = backend.synthetic_inputs(48, 8, seed=0)
+    feats = inputs.extra[cm.FEATURES]
+    assert feats.shape == (48, arch["hidden"]) and feats.device == backend.device and feats.dtype == backend.model.dtype
+
+    def no_random(*_args, **_kwargs):
+        raise AssertionError("random numbers drawn inside the timed prefill")
+
+    monkeypatch.setattr(torch, "randn", no_random)
+    state, _ = backend.prefill(inputs)
+    assert state.cache_len == inputs.input_ids.shape[1]
+
+
+SLOW = 0.05  # seconds added to the operation under test: it must show up in the timing
+
+
+def test_target_timing_includes_the_kv_compaction(monkeypatch):
+    arch = cm.shrink(cm.ARCHITECTURES["llava-ov-0.5b"], TINY)
+    backend = cm.build_backend(arch, tiny_config())
+    keep = backend.keep
+
+    def slow_keep(state, temp):
+        if isinstance(temp, list) and temp != list(range(len(temp))):  # a gather: an accepted path's commit
+            time.sleep(SLOW)
+        keep(state, temp)
+
+    monkeypatch.setattr(backend, "keep", slow_keep)
+    cfg = tiny_config(taus={"full": 2.0, "pruned": 2.0, "sparrow": 2.0})
+    target = cm.measure_target(backend, 16, cfg, cm.make_clock(torch.device("cpu")))
+    assert target["compact_s"][2] >= SLOW * backend.depth_factor  # scaled to the real depth (24 layers)
+
+
+@pytest.mark.parametrize("drafter", ["full", "pruned", "sparrow"])
+def test_draft_timing_includes_tree_growth(monkeypatch, drafter):
+    """The timed draft step is the project's ModelDrafter.propose: refeed, a grown tree, the drop."""
+    arch = cm.shrink(cm.ARCHITECTURES["llava-ov-0.5b"], TINY)
+    backend = cm.build_backend(arch, tiny_config())
+    propose, drafts = cm.ModelDrafter.propose, []
+
+    def slow_propose(self, generated):
+        time.sleep(SLOW)
+        drafts.append(propose(self, generated))
+        return drafts[-1]
+
+    monkeypatch.setattr(cm.ModelDrafter, "propose", slow_propose)
+    cfg = tiny_config(repeats=2)
+    draft = cm.measure_drafter(backend, drafter, 16, cfg, cm.make_clock(torch.device("cpu")))
+    assert len(drafts) == cfg.repeats + 1 and draft["tree_s"] >= SLOW  # one warm-up, then the timed repeats
+    assert all(d.num_nodes == cfg.tree_nodes for d in drafts)  # a whole tree: depth 2, 2 wide, 5 kept of 6
+    assert draft["kept_visual_tokens"] == {"full": 16, "pruned": 1, "sparrow": 0}[drafter]
+
+
+TINY_CLI = ["--pairs", "llava-ov-7b/0.5b", "--drafters", "pruned,sparrow", "--visual-tokens", "16", "--scale", "0.05",
+            "--max-layers", "1", "--vocab-size", "256", "--head-dim", "16", "--tree-depth", "2", "--level-width", "2",
+            "--tree-nodes", "5", "--prompt-tokens", "8", "--new-tokens", "16", "--timing-repeats", "1",
+            "--cost-device", "cpu"]
+
+
+def test_bench_cost_model_writes_where_out_says_and_exits_0(tmp_path, monkeypatch):
+    from lvspec_eval import cli
+
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    out = tmp_path / "elsewhere" / "cm.json"
+    assert cli.main(["bench", "--cost-model", "--out", str(out), *TINY_CLI]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 and {r["drafter"] for r in rows} == {"pruned", "sparrow"}
+    assert out.with_suffix(".md").read_text().startswith("| pair |") and out.with_suffix(".png").stat().st_size > 0
+    assert not any(work.iterdir())  # nothing in the working directory (was results/cost_model/)
+
+
+def test_bench_cost_model_refuses_a_folder_out_before_timing(tmp_path, monkeypatch):
+    from lvspec_eval import cli
+
+    monkeypatch.setattr(cm, "run_cost_model", lambda *_a, **_k: pytest.fail("timed before checking --out"))
+    assert cli.main(["bench", "--cost-model", "--out", str(tmp_path), *TINY_CLI]) == 2
+    assert cli.main(["bench", "--cost-model", "--out", str(tmp_path / "a.json"), "--cost-out", str(tmp_path),
+                     *TINY_CLI]) == 2
+
+
+def test_cost_out_folder_still_works(tmp_path):
+    assert cm.main([*TINY_CLI, "--no-cost-plot", "--cost-out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "cost_model.json").read_text())["rows"]
+    assert (tmp_path / "cost_model.md").is_file() and not (tmp_path / "cost_model.png").exists()
