@@ -14,12 +14,18 @@ from __future__ import annotations
 import torch
 
 from .base import Backend, PreparedInputs
+from .frame_rules import FramePlan
 from .qwen_vision import expand_video_tokens
-from .siglip_vision import SiglipPreprocessConfig, num_video_tokens, preprocess_video
+from .siglip_vision import (
+    SiglipPreprocessConfig,
+    frame_plan,
+    num_video_tokens,
+    preprocess_video,
+)
 
 # Keys a checkpoint's preprocessor config (or the user) may override; pixel budgets do not apply,
 # every frame is resized to the tower's fixed square input.
-OVERRIDE_KEYS = ("image_mean", "image_std")
+OVERRIDE_KEYS = ("image_mean", "image_std", "video_rule")
 
 
 class LlavaOnevisionBackend(Backend):
@@ -36,9 +42,13 @@ class LlavaOnevisionBackend(Backend):
             raise ValueError(f"LLaVA-OneVision preprocessing does not take {', '.join(unknown)}; it resizes "
                              f"every frame to the vision tower's image size; allowed: {', '.join(OVERRIDE_KEYS)}")
         vc = model.config.vision_config
-        values = {k: tuple(float(x) for x in v) for k, v in preprocess_overrides.items()}
+        values = {k: v if k == "video_rule" else tuple(float(x) for x in v) for k, v in preprocess_overrides.items()}
         cfg = SiglipPreprocessConfig(image_size=vc.image_size, patch_size=vc.patch_size, **values)
         return cls(model, tokenizer, device, cfg)
+
+    def frame_plan(self, fps: float | None, max_frames: int | None) -> FramePlan:
+        """Which frames of a video this backend's video rule takes (None: the rule's default)."""
+        return frame_plan(self.preprocess, fps, max_frames)
 
     def layout(self) -> tuple:
         """What a draft must share with its target for visual tokens to line up."""

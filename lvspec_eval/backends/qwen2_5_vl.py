@@ -11,7 +11,14 @@ from __future__ import annotations
 import torch
 
 from .base import Backend, PreparedInputs
-from .qwen_vision import VisionPreprocessConfig, expand_video_tokens, preprocess_video
+from .frame_rules import FramePlan
+from .qwen_vision import (
+    VisionPreprocessConfig,
+    expand_video_tokens,
+    frame_plan,
+    preprocess_video,
+    rule_config,
+)
 
 
 class QwenVLBackend(Backend):
@@ -23,11 +30,14 @@ class QwenVLBackend(Backend):
         self.video_token_id = model.config.video_token_id
 
     @classmethod
-    def from_pretrained_parts(cls, model, tokenizer, device, preprocess_overrides: dict) -> "QwenVLBackend":
-        vc = model.config.vision_config
-        cfg = VisionPreprocessConfig(patch_size=vc.patch_size, temporal_patch_size=vc.temporal_patch_size,
-                                     merge_size=vc.spatial_merge_size, **preprocess_overrides)
-        return cls(model, tokenizer, device, cfg)
+    def from_pretrained_parts(cls, model, tokenizer, device, preprocess_overrides: dict) -> QwenVLBackend:
+        """preprocess_overrides: video_rule, checkpoint_pixels, and min/max pixels, mean/std
+        (loading._preprocess_overrides); the rule's own limits fill what is not given."""
+        return cls(model, tokenizer, device, rule_config(model.config.vision_config, **preprocess_overrides))
+
+    def frame_plan(self, fps: float | None, max_frames: int | None) -> FramePlan:
+        """Which frames of a video this backend's video rule takes (None: the rule's default)."""
+        return frame_plan(self.preprocess, fps, max_frames)
 
     def layout(self) -> tuple:
         """What a draft must share with its target for visual tokens to line up."""

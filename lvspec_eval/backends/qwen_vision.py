@@ -1,9 +1,19 @@
-"""Qwen2-VL / Qwen2.5-VL pixel preprocessing without torchvision.
+"""Qwen2-VL / Qwen2.5-VL pixel preprocessing without torchvision, and the video rules' pixel sizes.
 
 transformers' Qwen2-VL video processor imports torchvision, whose PyPI builds break on a CPU-only
 torch. These functions reproduce the PIL image processor exactly: `smart_resize` to multiples of
 patch_size * merge_size within a pixel budget, bicubic resize, rescale, normalise, then the
 temporal/spatial patch layout that Qwen2.5-VL's vision tower expects.
+
+How large a frame is depends on the video rule (frame_rules.py):
+- `lmms_eval` (lmms-eval 0.7.3 `qwen2_5_vl`): it asks qwen-vl-utils for min_pixels=256*28*28 and
+  max_pixels=1,605,632 per frame, and qwen-vl-utils (>=0.0.14, which lmms-eval 0.7.3 requires) caps
+  the requested max at 768*28*28 per frame and at an even share of a whole-video budget (90% of
+  128,000 tokens), floored at 1.05 x min_pixels. The processor's own resize, loaded with lmms-eval's
+  limits, leaves those frames as they are.
+- `qwen_vl_utils` (its defaults): min 128*28*28 per frame, the same caps; then the processor's resize
+  with the checkpoint's limits (video_preprocessor_config.json, else preprocessor_config.json).
+- `fps`: the checkpoint's limits per frame (or min_pixels/max_pixels), no whole-video budget.
 """
 from __future__ import annotations
 
@@ -14,8 +24,25 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .frame_rules import (
+    FramePlan,
+    check_rule,
+    fps_plan,
+    lmms_eval_qwen_count,
+    qwen_vl_utils_count,
+    spread_rounded,
+)
+
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+# lmms-eval 0.7.3 lmms_eval/models/simple/qwen2_5_vl.py __init__ defaults (the chat class inherits them)
+LMMS_EVAL_MIN_PIXELS = 256 * 28 * 28
+LMMS_EVAL_MAX_PIXELS = 1605632
+LMMS_EVAL_MAX_FRAMES = 32
+# qwen-vl-utils 0.0.14 vision_process.py: VIDEO_MIN/MAX_TOKEN_NUM, MODEL_SEQ_LEN, FPS, FPS_MIN/MAX_FRAMES
+QVU_MIN_TOKENS, QVU_MAX_TOKENS, QVU_SEQ_LEN = 128, 768, 128000
+QVU_FPS, QVU_MIN_FRAMES, QVU_MAX_FRAMES = 2.0, 4, 768
 
 
 @dataclass(frozen=True)
@@ -23,10 +50,90 @@ class VisionPreprocessConfig:
     patch_size: int = 14
     temporal_patch_size: int = 2
     merge_size: int = 2
-    min_pixels: int = 128 * 28 * 28
-    max_pixels: int = 768 * 28 * 28
+    min_pixels: int = 128 * 28 * 28  # per frame
+    max_pixels: int = 768 * 28 * 28  # per frame, as asked for (the caps below may lower it)
     image_mean: tuple[float, float, float] = CLIP_MEAN
     image_std: tuple[float, float, float] = CLIP_STD
+    video_rule: str = "fps"
+    frame_cap_pixels: int | None = None  # qwen-vl-utils' per-frame ceiling (768 tokens), None: none
+    total_pixels: int | None = None  # qwen-vl-utils' whole-video budget, None: none
+    processor_pixels: tuple[int, int] | None = None  # (min, max) of the processor's resize afterwards
+
+    def __post_init__(self):
+        check_rule(self.video_rule)
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"min_pixels={self.min_pixels} is larger than max_pixels={self.max_pixels}")
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+
+def rule_config(vision_config, video_rule: str = "fps", checkpoint_pixels: tuple[int, int] | None = None,
+                **values) -> VisionPreprocessConfig:
+    """The preprocessing of a checkpoint under a video rule. `values`: min_pixels / max_pixels the
+    user asked for (they win under every rule), image_mean / image_std; `checkpoint_pixels`: the
+    (min, max) of the checkpoint's video (else image) processor config."""
+    vc = vision_config
+    check_rule(video_rule)
+    base = {"patch_size": vc.patch_size, "temporal_patch_size": vc.temporal_patch_size,
+            "merge_size": vc.spatial_merge_size}
+    factor = vc.patch_size * vc.spatial_merge_size
+    caps = {"frame_cap_pixels": QVU_MAX_TOKENS * factor ** 2, "total_pixels": int(QVU_SEQ_LEN * factor ** 2 * 0.9)}
+    if video_rule == "lmms_eval":
+        rule = dict(min_pixels=LMMS_EVAL_MIN_PIXELS, max_pixels=LMMS_EVAL_MAX_PIXELS, **caps)
+    elif video_rule == "qwen_vl_utils":
+        rule = dict(min_pixels=QVU_MIN_TOKENS * factor ** 2, max_pixels=QVU_MAX_TOKENS * factor ** 2,
+                    processor_pixels=checkpoint_pixels, **caps)
+    else:
+        rule = dict(zip(("min_pixels", "max_pixels"), checkpoint_pixels or ()))
+    return VisionPreprocessConfig(**base, video_rule=video_rule, **{**rule, **values})
+
+
+def frame_max_pixels(cfg: VisionPreprocessConfig, num_frames: int) -> float:
+    """qwen-vl-utils `fetch_video`: max(min(768 tokens, total / T * 2), 1.05 * min_pixels), and no more
+    than the max_pixels asked for. Without a budget (rule fps): max_pixels."""
+    if cfg.total_pixels is None:
+        return cfg.max_pixels
+    cap = max(min(cfg.frame_cap_pixels, cfg.total_pixels / num_frames * cfg.temporal_patch_size),
+              int(cfg.min_pixels * 1.05))
+    return min(cfg.max_pixels, cap)
+
+
+def frame_size(height: int, width: int, num_frames: int, cfg: VisionPreprocessConfig) -> tuple[int, int]:
+    """(height, width) every frame of a `num_frames`-frame video is resized to."""
+    h, w = smart_resize(height, width, cfg.factor, cfg.min_pixels, frame_max_pixels(cfg, num_frames))
+    if cfg.processor_pixels is not None:  # the processor resizes qwen-vl-utils' frames once more
+        h, w = smart_resize(h, w, cfg.factor, *cfg.processor_pixels)
+    return h, w
+
+
+def video_grid(height: int, width: int, num_frames: int, cfg: VisionPreprocessConfig) -> tuple[int, int, int]:
+    """(t, h, w) grid of patches for `num_frames` frames of height x width (frames padded to pairs)."""
+    h, w = frame_size(height, width, num_frames, cfg)
+    return -(-num_frames // cfg.temporal_patch_size), h // cfg.patch_size, w // cfg.patch_size
+
+
+def num_visual_tokens(height: int, width: int, num_frames: int, cfg: VisionPreprocessConfig) -> int:
+    t, h, w = video_grid(height, width, num_frames, cfg)
+    return t * h * w // cfg.merge_size ** 2
+
+
+def frame_plan(cfg: VisionPreprocessConfig, fps: float | None, max_frames: int | None) -> FramePlan:
+    """Which frames a video gives under cfg.video_rule; fps / max_frames: the user's, None = the rule's."""
+    if cfg.video_rule == "fps":
+        return fps_plan(fps, max_frames)
+    if cfg.video_rule == "lmms_eval" and fps is None:
+        limit = max_frames or LMMS_EVAL_MAX_FRAMES
+        return FramePlan(f"lmms_eval qwen2_5_vl: min({limit}, N) frames, even",
+                         lambda n, native: lmms_eval_qwen_count(n, limit), spread_rounded)
+    # qwen_vl_utils, or lmms_eval given an fps (lmms-eval then hands fps to qwen-vl-utils)
+    rate, limit = fps or QVU_FPS, max_frames or QVU_MAX_FRAMES
+    factor = cfg.temporal_patch_size
+    return FramePlan(f"{cfg.video_rule}: {rate:g} frames per second, {QVU_MIN_FRAMES} to {limit}, "
+                     f"a multiple of {factor}",
+                     lambda n, native: qwen_vl_utils_count(n, native, rate, limit, QVU_MIN_FRAMES, factor),
+                     spread_rounded)
 
 
 @dataclass
@@ -41,7 +148,7 @@ class VideoPixels:
         return t * h * w // 4
 
 
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+def smart_resize(height: int, width: int, factor: int, min_pixels: float, max_pixels: float) -> tuple[int, int]:
     """Qwen2-VL's rule: round each side to a multiple of `factor`, keep the area within budget."""
     if max(height, width) / min(height, width) > 200:
         raise ValueError(f"aspect ratio of a {height}x{width} frame is over 200")
@@ -61,7 +168,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 def resize_and_normalise(frames: np.ndarray, cfg: VisionPreprocessConfig) -> np.ndarray:
     """uint8 [T, H, W, 3] -> float32 [T, 3, H', W'] resized (bicubic, as PIL) and normalised."""
     t, h, w, _ = frames.shape
-    new_h, new_w = smart_resize(h, w, cfg.patch_size * cfg.merge_size, cfg.min_pixels, cfg.max_pixels)
+    new_h, new_w = frame_size(h, w, t, cfg)
     if (new_h, new_w) != (h, w):
         frames = np.stack([
             np.asarray(Image.fromarray(f).resize((new_w, new_h), resample=Image.BICUBIC)) for f in frames

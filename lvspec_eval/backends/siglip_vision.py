@@ -9,6 +9,12 @@ SigLIP tower's square input (bicubic, aspect ratio not kept, as the processor's
 The visual-token count follows LlavaOnevisionModel.get_video_features: each frame's
 (S / patch)^2 patch features are bilinearly pooled to ceil(side / 2)^2 tokens, the frames are
 laid out one after another, and a single learned `image_newline` vector closes the video.
+
+Frames per video rule (frame_rules.py): `lmms_eval` follows lmms-eval 0.7.3's `llava_onevision`
+(and `llava_hf`): exactly max_frames_num=32 frames at `np.linspace(0, N - 1, 32, dtype=int)`, so a
+video of fewer frames repeats some, whatever its length or frame rate; every frame is resized to the
+tower's square (384x384) and pooled 2x2 (mm_spatial_pool_stride=2, bilinear): 32 * 196 + 1 = 6,273
+visual tokens per video. `fps` samples at fps as for Qwen. qwen-vl-utils has no LLaVA rule.
 """
 from __future__ import annotations
 
@@ -19,8 +25,12 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .frame_rules import FramePlan, check_rule, fps_plan, spread_floored
+
 SIGLIP_MEAN = (0.5, 0.5, 0.5)
 SIGLIP_STD = (0.5, 0.5, 0.5)
+LLAVA_VIDEO_RULES = ("lmms_eval", "fps")
+LMMS_EVAL_MAX_FRAMES = 32  # lmms-eval 0.7.3 llava_onevision.py / llava_hf.py max_frames_num
 
 
 @dataclass(frozen=True)
@@ -29,8 +39,10 @@ class SiglipPreprocessConfig:
     patch_size: int = 14
     image_mean: tuple[float, float, float] = SIGLIP_MEAN
     image_std: tuple[float, float, float] = SIGLIP_STD
+    video_rule: str = "fps"
 
     def __post_init__(self):
+        check_rule(self.video_rule, LLAVA_VIDEO_RULES, "llava_onevision")
         if self.image_size < self.patch_size:
             raise ValueError(f"image_size={self.image_size} is smaller than patch_size={self.patch_size}")
         for name in ("image_mean", "image_std"):
@@ -48,6 +60,18 @@ class SiglipPreprocessConfig:
     @property
     def tokens_per_frame(self) -> int:
         return self.pooled_side ** 2
+
+
+def frame_plan(cfg: SiglipPreprocessConfig, fps: float | None, max_frames: int | None) -> FramePlan:
+    """Which frames a video gives under cfg.video_rule; fps / max_frames: the user's, None = the rule's."""
+    if cfg.video_rule == "fps":
+        return fps_plan(fps, max_frames)
+    if fps is not None:
+        raise ValueError(f"fps={fps}: video_rule=lmms_eval takes a fixed number of frames for llava_onevision "
+                         "(lmms-eval's llava_onevision has no fps); set max_frames, or use video_rule=fps")
+    count = max_frames or LMMS_EVAL_MAX_FRAMES
+    return FramePlan(f"lmms_eval llava_onevision: {count} frames, repeated in shorter videos",
+                     lambda n, native: count, spread_floored)
 
 
 def num_video_tokens(num_frames: int, cfg: SiglipPreprocessConfig) -> int:

@@ -1,9 +1,13 @@
-"""Video files -> uint8 frames sampled uniformly in time, with PyAV.
+"""Video files -> uint8 frames, with PyAV, chosen by a frame plan.
+
+Which frames (how many, at which indices) is the video rule's business (backends/frame_rules.py:
+lmms-eval's, qwen-vl-utils' or this project's fps rule); the model class asks the target backend for
+its `frame_plan` and hands it here. Without one, frames are sampled at `fps`, at most `max_frames`.
 
 Why the extra care: container headers often misreport the number of frames (and sometimes the
-duration), so the sampling plan is made from the demuxed packet count and then clamped to the
-frames that actually decode. Any file that cannot give at least one frame raises `VideoError`,
-which the lmms-eval model turns into a failed sample instead of a failed run.
+duration), so the plan is made from the demuxed packet count and then, if fewer frames decode, made
+again on the frames that actually decode. Any file that cannot give at least one frame raises
+`VideoError`, which the lmms-eval model turns into a failed sample instead of a failed run.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from pathlib import Path
 import av
 import numpy as np
 
+from ..backends.frame_rules import FramePlan, fps_plan
 from ..runner import VideoInput
 
 log = logging.getLogger(__name__)
@@ -23,16 +28,12 @@ class VideoError(ValueError):
 
 
 def plan_indices(num_frames: int, native_fps: float, fps: float, max_frames: int) -> np.ndarray:
-    """Indices of the frames to keep: uniform in time at `fps`, at most `max_frames`, at least 1.
+    """Rule `fps`: indices uniform in time at `fps`, at most `max_frames`, at least 1.
 
     Example: 8 frames at 4 fps sampled at 2 fps -> 4 frames, indices [0, 2, 5, 7]. Never more
     frames than the video has (no upsampling).
     """
-    if num_frames < 1:
-        raise ValueError(f"num_frames={num_frames}: a video needs at least one frame")
-    duration = num_frames / native_fps
-    count = min(max_frames, num_frames, max(1, round(duration * fps)))
-    return np.linspace(0, num_frames - 1, count).round().astype(np.int64)
+    return fps_plan(fps, max_frames).indices(num_frames, native_fps)
 
 
 def _open(path: Path):
@@ -75,8 +76,12 @@ def _decode(path: Path, wanted: set[int]) -> tuple[dict[int, np.ndarray], int]:
     return kept, count
 
 
-def load_video(path: str | Path, fps: float, max_frames: int) -> VideoInput:
-    """Frames uint8 [T, H, W, 3] sampled at `fps` (capped at `max_frames`) and the rate they have."""
+def load_video(path: str | Path, fps: float | None = None, max_frames: int | None = None,
+               plan: FramePlan | None = None) -> VideoInput:
+    """Frames uint8 [T, H, W, 3] chosen by `plan` (default: at `fps`, at most `max_frames`) and the
+    rate they were sampled at (frames kept / frames decoded x native rate, as transformers'
+    VideoMetadata.sampled_fps; repeated frames count)."""
+    plan = plan or fps_plan(fps, max_frames)
     path = Path(path)
     if not path.is_file():
         raise VideoError(f"{path}: no such file")
@@ -86,14 +91,14 @@ def load_video(path: str | Path, fps: float, max_frames: int) -> VideoInput:
     if num_packets == 0:
         raise VideoError(f"{path}: no video frames")
     basis = num_packets  # the frame count the plan is made on
-    indices = plan_indices(basis, native_fps, fps, max_frames)
+    indices = plan.indices(basis, native_fps)
     kept, decoded = _decode(path, set(indices.tolist()))
     if decoded == 0:
         raise VideoError(f"{path}: no frame could be decoded (empty or corrupt)")
     if decoded < num_packets:  # the packet count overstated the frames: plan again on what decodes
         log.warning("%s: %d packets but %d frames decode; sampling from the decoded frames", path, num_packets, decoded)
         basis = decoded
-        indices = plan_indices(basis, native_fps, fps, max_frames)
+        indices = plan.indices(basis, native_fps)
         if not set(indices.tolist()) <= kept.keys():
             kept, decoded = _decode(path, set(indices.tolist()))
     try:
