@@ -264,6 +264,10 @@ def run(args: argparse.Namespace) -> dict:
         from . import cost_model
 
         return cost_model.run(args)
+    samples = make_text_samples(args.prompts, args.limit) if args.prompts else \
+        make_samples(args.task, args.limit, args.frames)  # bad input fails before any model loads
+    if args.hf_assisted and args.draft in (None, "self"):
+        raise ValueError(f"--hf-assisted needs a draft model to assist with (--draft), got {args.draft!r}")
     torch.set_num_threads(args.threads)
     load = dict(device=args.device, dtype=args.dtype)
     target = load_backend(args.model, **load)
@@ -273,8 +277,6 @@ def run(args: argparse.Namespace) -> dict:
                          draft_backend=draft, **load) for m in args.methods.split(",")}
     if "vanilla" not in runners:
         runners = {"vanilla": Runner(args.model, "vanilla", target_backend=target, **load), **runners}
-    samples = make_text_samples(args.prompts, args.limit) if args.prompts else \
-        make_samples(args.task, args.limit, args.frames)
     records = run_methods({**runners, **hf_runners(args, target, draft)}, samples, args.max_new_tokens)
     result = {"task": f"prompts:{args.prompts}" if args.prompts else args.task, "limit": args.limit,
               "max_new_tokens": args.max_new_tokens, "options": options, "frames": args.frames,
@@ -298,8 +300,6 @@ def hf_runners(args: argparse.Namespace, target: Backend, draft: Backend | None)
     if args.hf_baseline:
         out["hf_generate"] = HFGenerate(target)
     if args.hf_assisted:
-        if draft is None:
-            raise ValueError(f"--hf-assisted needs a draft model to assist with (--draft), got {args.draft!r}")
         out["hf_assisted"] = HFGenerate(target, assistant=draft)
     return out
 

@@ -1,21 +1,116 @@
-"""`lvspec-eval bench` pieces that are not timings: the transformers generate() baseline pairs
-like with like (same samples, tokens before EOS on both sides)."""
+"""`lvspec-eval bench` pieces that are not timings: transformers' generate() baselines (greedy and
+assisted) pair like with like (same samples, same prepared inputs, tokens before EOS on both
+sides); text-only prompts (built-in or from a file) and their errors."""
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
-from lvspec_eval import bench
+from lvspec_eval import bench, bench_prompts
+from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.runner import Runner
 
 
-def test_hf_baseline_counts_the_same_tokens_as_our_loop():
+def _forward_calls(model) -> list:
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def test_hf_generate_and_assisted_say_what_vanilla_says_and_only_assisted_runs_the_draft():
+    """transformers' greedy generate() and its assisted generation (assistant_model=the draft), on
+    the prepared inputs of the target backend (video caption samples: the Qwen2.5-VL video kwargs
+    must be right, or the tokens differ): same tokens as our vanilla loop, EOS not counted."""
     torch.set_num_threads(1)
-    runner = Runner("demo", "vanilla")
-    samples = bench.make_samples("synthvid_caption", 2)
-    out = bench.hf_generate_baseline(runner, samples, max_new_tokens=48)
-    ours = sum(len(runner.generate(s["prompt"], [s["video"]], 48).tokens) for s in samples)
-    assert out["tokens"] == out["ours_tokens"] == ours > 0  # greedy on both sides, EOS not counted
-    assert out["ratio"] == (out["ours_tokens"] / out["ours_seconds"]) / (out["tokens"] / out["seconds"])
+    vanilla = Runner("demo", "vanilla")
+    draft = load_backend("demo-draft")
+    greedy, assisted = bench.HFGenerate(vanilla.target), bench.HFGenerate(vanilla.target, assistant=draft)
+    draft_calls = _forward_calls(draft.model)
+    for s in bench.make_samples("synthvid_caption", 2):
+        draft_calls.clear()
+        ours = vanilla.generate(s["prompt"], [s["video"]], 40)
+        out = greedy.generate(s["prompt"], [s["video"]], 40)
+        assert not draft_calls
+        assert out.tokens == out.stats["tokens"] == ours.tokens and out.text == ours.text
+        assert out.stats["num_new_tokens"] == len(ours.tokens) > 10 and out.stats["e2e_s"] > 0
+        assert assisted.generate(s["prompt"], [s["video"]], 40).tokens == ours.tokens
+        assert draft_calls  # the assistant drafted
+
+
+def _bench_args(tmp_path, *extra: str):
+    from lvspec_eval.cli import build_parser
+
+    return build_parser().parse_args(["bench", "--threads", "1", "--max-new-tokens", "16", "--records",
+                                      str(tmp_path / "records.jsonl"), *extra])
+
+
+def test_bench_hf_rows_on_builtin_text_prompts(tmp_path):
+    """--prompts builtin --hf-baseline --hf-assisted: text-only samples, transformers' two rows in the
+    same rotation as our methods, each checked against vanilla token for token."""
+    args = _bench_args(tmp_path, "--target", "demo", "--draft", "demo-draft", "--methods", "vanilla,sd_tree",
+                       "--prompts", "builtin", "--limit", "2", "--hf-baseline", "--hf-assisted")
+    result = bench.run(args)
+    assert result["task"] == "prompts:builtin" and set(result["hf"]) == {"hf_generate", "hf_assisted"}
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    by_method = {m: [r for r in records if r["method"] == m] for m in ("vanilla", "hf_generate", "hf_assisted")}
+    for rows in by_method.values():
+        assert [r["sample"] for r in rows] == [0, 1] and all(r["quality"] is None for r in rows)
+    assert [r["tokens"] for r in by_method["hf_assisted"]] == [r["tokens"] for r in by_method["vanilla"]]
+    sd_tree = result["methods"]["sd_tree"]
+    assert sd_tree["exact_match_rate"] == 1.0 and sd_tree["quality"] is None and sd_tree["retention"] is None
+    for row in result["hf"].values():
+        assert row["exact_match_rate"] == 1.0 and row["n"] == 2
+        assert row["tokens"] == sum(len(r["tokens"]) for r in by_method["vanilla"])
+        assert row["ours_ratio"]["sd_tree"] == sd_tree["e2e_tokens_per_s"] / row["tokens_per_s"]
+    assert result["vanilla_vs_hf_generate"] == result["hf"]["hf_generate"]["ours_ratio"]["vanilla"]
+    table = bench.format_hf_table(result)
+    assert "| hf_assisted |" in table and "sd_tree/this" in table
+    assert "quality" not in bench.format_table(result)  # text prompts have no task metric
+
+
+def test_prompt_files_plain_and_jsonl(tmp_path):
+    plain = tmp_path / "p.txt"
+    plain.write_text("Explain recursion.\n\n  Write a Python function that adds two numbers.  \n")
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "Explain recursion.", "id": 3}\n\n{"prompt": "Write a sort."}\n')
+    assert bench_prompts.load(str(plain)) == ["Explain recursion.", "Write a Python function that adds two numbers."]
+    assert bench_prompts.load(str(jsonl)) == ["Explain recursion.", "Write a sort."]
+    samples = bench.make_text_samples(str(jsonl), limit=1)
+    assert samples == [{"id": 0, "scene": None, "prompt": "Explain recursion.", "video": None, "answer": None}]
+    builtin = bench_prompts.load("builtin")
+    assert len(builtin) >= 10 and len(set(builtin)) == len(builtin)
+    assert bench.quality(samples[0], "anything") is None
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ("\n  \n", "holds no prompts"),
+    ('{"prompt": "ok"}\n{"prompt": oops}\n', "line 2: not valid JSON"),
+    ('{"prompt": "ok"}\n{"text": "no prompt field"}\n', "line 2: expected an object with a non-empty string"),
+    ('{"prompt": ""}\n', "line 1: expected an object"),
+])
+def test_bad_prompt_file_is_a_clear_error_before_any_model_loads(tmp_path, capsys, monkeypatch, content, message):
+    from lvspec_eval import cli
+
+    path = tmp_path / "prompts.jsonl"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        bench_prompts.load(str(path))
+    monkeypatch.setattr(bench, "load_backend", lambda *a, **k: pytest.fail("loaded a model before the prompts"))
+    assert cli.main(["bench", "--prompts", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "lvspec-eval bench: error: --prompts" in err and message in err
+
+
+def test_hf_assisted_needs_a_draft(monkeypatch):
+    from lvspec_eval import cli
+
+    monkeypatch.setattr(bench, "load_backend", lambda *a, **k: pytest.fail("loaded a model before checking"))
+    with pytest.raises(ValueError, match="--hf-assisted needs a draft model"):
+        bench.run(cli.build_parser().parse_args(["bench", "--draft", "self", "--hf-assisted", "--prompts", "builtin"]))
 
 
 def test_restyled_demo_draft_words_things_differently_and_lvspec_keeps_the_facts():
