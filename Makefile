@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast judge-server retention-gate build-demo clean
+.PHONY: install demo demo-reference test test-fast judge-server retention-gate build-demo clean
 
 install: $(STAMP)
 
@@ -29,8 +29,13 @@ $(JUDGE_STAMP): $(STAMP) scripts/judge_server.sh
 	bash scripts/judge_server.sh $(VENV)
 	touch $@
 
+# The demo writes its runs and report to runs/demo (ignored by git: the checkout stays clean).
 demo: $(STAMP)
-	$(VENV)/bin/lvspec-eval demo
+	$(VENV)/bin/lvspec-eval demo --out runs/demo
+
+# Refresh the committed reference report (results/demo) on purpose; commit the result yourself.
+demo-reference: $(STAMP)
+	$(VENV)/bin/lvspec-eval demo --out results/demo
 
 # The whole suite (fast unit tests, slow end-to-end runs, the real judge server), then the
 # quality-retention gate on a small demo run.

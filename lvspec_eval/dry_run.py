@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .tasks import TASKS_DIR
+
 STATUSES = ("OK", "WARN", "FAIL")
 JUDGED_BENCHMARKS = ("vdc", "vdd", "moviechat")
 
@@ -38,7 +40,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("dry-run", help="check model_args, draft pairing and data roots without running")
     p.add_argument("--model_args", required=True, help='as for lmms-eval, e.g. "pretrained=X,draft=Y,method=specvlm"')
     p.add_argument("--tasks", required=True, help="comma-separated task or group names")
-    p.add_argument("--include_path", default="tasks", help="the task folder given to lmms-eval (default: tasks)")
+    p.add_argument("--include_path", default=str(TASKS_DIR),
+                   help="the project's task folder (default: the one installed with the package)")
     p.add_argument("--videos", type=int, default=3, help="video files checked per benchmark (default 3)")
     p.set_defaults(func=run)
 

@@ -1,27 +1,23 @@
-"""The real-benchmark tasks (tasks/<bench>/, tasks/_common/) on tiny fixtures of each real schema.
+"""The real-benchmark tasks (lvspec_eval/tasks/<bench>/, tasks/_common/) on tiny fixtures of each real schema.
 
 Fast tests call the task functions the way lmms-eval does (utils.py loaded by path); the slow
 test runs every task end to end through the lmms-eval CLI with a tiny random Qwen2.5-VL, offline.
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from lvspec_eval.tasks import TASKS_DIR
+from lvspec_eval.tasks._common import benchmarks, judge, metrics
+
 ROOT = Path(__file__).resolve().parent.parent
-TASKS_DIR = ROOT / "tasks"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "benchmarks"
-sys.path.insert(0, str(TASKS_DIR))
-benchmarks = importlib.import_module("_common.benchmarks")
-judge = importlib.import_module("_common.judge")
-metrics = importlib.import_module("_common.metrics")
 
 JUDGE_VARS = judge.ENDPOINT_VARS + (judge.JUDGE_SWITCH,)
 BENCH_DIRS = {"videomme": "videomme", "vdc": "vdc", "vdd": "vdd", "moviechat": "moviechat", "mvbench": "mvbench",
@@ -140,7 +136,7 @@ def test_task_registry_covers_every_task_yaml():
 
 
 def test_task_names_do_not_collide_with_builtin_tasks():
-    """lmms-eval's built-in tasks win over same-named --include_path tasks: ours must differ."""
+    """lmms-eval's built-in tasks win over our same-named tasks (test_plugin checks it): ours must differ."""
     import lmms_eval
 
     builtin = Path(lmms_eval.__file__).parent / "tasks"
@@ -164,7 +160,7 @@ def test_yaml_configs_resolve_their_functions_and_placeholder():
 # ---- prompts: fixed, the built-in tasks' wording ------------------------------------------------
 
 def test_vdc_asks_the_canonical_instruction_every_time(roots):
-    from _common.builtin import builtin_constant
+    from lvspec_eval.tasks._common.builtin import builtin_constant
 
     utils, doc = load_utils("vdc"), rows("vdc")[0]
     for dim, attr in utils.PROMPT_LISTS.items():
@@ -316,7 +312,7 @@ def test_every_task_runs_end_to_end_through_lmms_eval(tiny_model, tmp_path):
     stats = tmp_path / "stats.jsonl"
     args = [str(ROOT / ".venv" / "bin" / "lmms-eval"), "--model", "lvspec", "--model_args",
             f"pretrained={tiny_model},method=vanilla,max_new_tokens=8,stats_path={stats}",
-            "--tasks", ",".join(ALL_TASKS), "--include_path", str(TASKS_DIR), "--limit", "2",
+            "--tasks", ",".join(ALL_TASKS), "--limit", "2",  # no --include_path: the plugin registers the tasks
             "--gen_kwargs", "max_new_tokens=8",  # the tasks' own limits (up to 512) only slow a random model down
             "--output_path", str(tmp_path / "out"), "--log_samples", "--verbosity", "DEBUG"]
     run = subprocess.run(args, check=False, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=3600)
@@ -438,4 +434,4 @@ def test_dry_run_registers_its_sub_command():
     parser = argparse.ArgumentParser()
     dr.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["dry-run", "--model_args", "pretrained=demo", "--tasks", "vdc"])
-    assert args.func is dr.run and args.videos == 3 and args.include_path == "tasks"
+    assert args.func is dr.run and args.videos == 3 and Path(args.include_path) == TASKS_DIR

@@ -209,7 +209,7 @@ def run_cli(tmp_path: Path, model_args: str, tasks: str, *extra: str, data_root:
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            tasks_data.ENV_DIR: str(data_root), tasks_data.ENV_DOCS: "3"}
     cmd = [str(LMMS_EVAL), "--model", "lvspec", "--model_args", model_args, "--tasks", tasks,
-           "--include_path", str(ROOT / "tasks"), "--limit", "2", "--output_path", str(tmp_path / "out"),
+           "--limit", "2", "--output_path", str(tmp_path / "out"),  # no --include_path: the plugin adds our tasks
            "--log_samples", "--verbosity", "DEBUG", *extra]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3600,
                           check=False)
@@ -265,7 +265,7 @@ def test_cli_data_parallel_on_cpu(tiny_model, synthvid, tmp_path):
            tasks_data.ENV_DIR: str(synthvid), tasks_data.ENV_DOCS: "3"}
     cmd = [str(LMMS_EVAL.parent / "torchrun"), "--nproc_per_node", "2", "-m", "lmms_eval", "--model", "lvspec",
            "--model_args", f"pretrained={tiny_model},method=vanilla,fps=4,stats_path={stats}",
-           "--tasks", "synthvid_mcq", "--include_path", str(ROOT / "tasks"), "--limit", "3",
+           "--tasks", "synthvid_mcq", "--limit", "3",
            "--output_path", str(tmp_path / "out"), "--log_samples", "--verbosity", "DEBUG"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -10,8 +10,7 @@ import pytest
 
 from lvspec_eval.demo import data, models, tasks_data, world
 from lvspec_eval.models.video import load_video
-
-TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
+from lvspec_eval.tasks import TASKS_DIR
 
 
 @pytest.fixture

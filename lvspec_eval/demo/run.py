@@ -8,12 +8,16 @@ report's speedups come from those same-moment pairs (`--unpaired` turns this off
 lmms-eval exits 0 even when a run fails, so each run's results file is checked before the report
 is built.
 
+Everything goes to `--out`: by default DEFAULT_OUT (runs/demo, ignored by git, so a demo leaves the
+checkout clean). The committed reference report in REFERENCE_OUT (results/demo) is rewritten only
+when asked: `lvspec-eval demo --out results/demo` (`make demo-reference`).
+
 Main stage: `--methods` on DEMO_TASKS (the trained length, 8 frames = 64 visual tokens), `--limit`
-samples per task, one run per method in runs/<method>.
+samples per task, one run per method in <out>/runs/<method>.
 Length stage (for the report's speedup-vs-visual-tokens curve): `--length-methods` (vanilla
 always among them, as the baseline; "" skips the stage) on LENGTH_TASKS, synthvid_caption at
 32 / 128 / 256 / 512 frames (256 / 1,024 / 2,048 / 4,096 visual tokens), `--length-limit`
-samples per task, one run per method in runs/<method>_lengths. The report pairs each row with
+samples per task, one run per method in <out>/runs/<method>_lengths. The report pairs each row with
 vanilla's run of the same task, so length rows compare with vanilla's length run; they are
 listed after the trained-length rows (report.py's length_tasks). The demo models were trained on
 8-frame clips only and fail on long videos, so speedups under 1 at long lengths are expected.
@@ -28,8 +32,8 @@ import time
 from pathlib import Path
 from unittest import mock
 
-REPO = Path(__file__).resolve().parents[2]
-TASKS_DIR = REPO / "tasks"
+DEFAULT_OUT = Path("runs/demo")
+REFERENCE_OUT = Path("results/demo")
 DEMO_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow", "fly", "lvspec")
 DEMO_TASKS = ("synthvid_caption", "synthvid_mcq")
 LENGTH_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow")
@@ -54,7 +58,8 @@ def results_files(run_dir: Path) -> list[Path]:
 
 def run_lmms_eval(method: str, run_dir: Path, tasks: tuple[str, ...], limit: int, extra_args: str = "",
                   draft: str = "demo-draft") -> Path:
-    """One real lmms-eval CLI run, in-process; returns its results file or raises."""
+    """One real lmms-eval CLI run, in-process; returns its results file or raises. The synthvid
+    tasks need no --include_path: the plugin registers the package's task folder."""
     from lmms_eval.__main__ import cli_evaluate
 
     # A rerun replaces the method's previous run (results, samples, stats): the report reads one.
@@ -64,7 +69,7 @@ def run_lmms_eval(method: str, run_dir: Path, tasks: tuple[str, ...], limit: int
     model_args = f"pretrained=demo,draft={draft},method={method},stats_path={stats}" + (
         f",{extra_args}" if extra_args else "")
     argv = ["lmms-eval", "--model", "lvspec", "--model_args", model_args, "--tasks", ",".join(tasks),
-            "--include_path", str(TASKS_DIR), "--limit", str(limit), "--output_path", str(run_dir),
+            "--limit", str(limit), "--output_path", str(run_dir),
             "--log_samples", "--verbosity", "INFO"]
     with mock.patch.object(sys, "argv", argv):
         cli_evaluate()
@@ -91,8 +96,6 @@ def run_demo(out: Path, methods: list[str], limit: int, threads: int, lengths: t
 
     from .. import report
 
-    if not TASKS_DIR.is_dir():
-        raise FileNotFoundError(f"the synthvid task folder {TASKS_DIR} is missing (run from a clone of the repo)")
     torch.set_num_threads(threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -128,7 +131,9 @@ def _main(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="run every method through lmms-eval on the demo world and report")
-    p.add_argument("--out", default="results/demo", help="where runs, summary.json and the leaderboard go")
+    p.add_argument("--out", default=str(DEFAULT_OUT),
+                   help=f"where runs, summary.json and the leaderboard go (default {DEFAULT_OUT}, ignored by git; "
+                        f"{REFERENCE_OUT} holds the committed reference report: `--out {REFERENCE_OUT}` refreshes it)")
     p.add_argument("--methods", default="", help=f"comma-separated subset of {', '.join(DEMO_METHODS)}")
     p.add_argument("--limit", type=int, default=20, help="samples per task")
     p.add_argument("--draft", default="demo-draft",

@@ -9,15 +9,9 @@ fail with a recorded error.
 Note (lmms-eval's aggregation, kept for comparability): a sample answered with an empty string
 is left out of mvbench_accuracy; the per-sample scores (what the report reads) count it as wrong.
 """
-import sys
-from pathlib import Path
 
-_TASKS_DIR = str(Path(__file__).resolve().parent.parent)
-if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
-    sys.path.insert(0, _TASKS_DIR)
-
-from _common import benchmarks
-from _common.builtin import builtin_utils
+from lvspec_eval.tasks._common import benchmarks
+from lvspec_eval.tasks._common.builtin import builtin_utils
 
 BENCH = "mvbench"
 

@@ -9,14 +9,8 @@ the moment is named in the prompt ("... at 1:23 of the video"), converted to sec
 file's frame rate; this approximates MovieChat's breakpoint setting (where the model has seen the
 video up to that frame), it does not reproduce it.
 """
-import sys
-from pathlib import Path
 
-_TASKS_DIR = str(Path(__file__).resolve().parent.parent)
-if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
-    sys.path.insert(0, _TASKS_DIR)
-
-from _common import benchmarks, judge, metrics
+from lvspec_eval.tasks._common import benchmarks, judge, metrics
 
 BENCH = "moviechat"
 

@@ -5,15 +5,9 @@ prompt and the same fixed post-prompt whatever the model, so numbers compare wit
 What differs: the data root (LVSPEC_VIDEOMME_ROOT, see tasks/_common/benchmarks.py) and a missing
 video, which fails its sample in the model instead of exiting the run.
 """
-import sys
-from pathlib import Path
 
-_TASKS_DIR = str(Path(__file__).resolve().parent.parent)
-if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
-    sys.path.insert(0, _TASKS_DIR)
-
-from _common import benchmarks
-from _common.builtin import builtin_utils
+from lvspec_eval.tasks._common import benchmarks
+from lvspec_eval.tasks._common.builtin import builtin_utils
 
 BENCH = "videomme"
 

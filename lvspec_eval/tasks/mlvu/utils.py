@@ -4,15 +4,9 @@ The doc's question already lists its options; the fixed post-prompt is lmms-eval
 per-sample value has no numeric score, so we add "score" (1 when the parsed letter is the answer)
 for the report's paired statistics; the aggregate is lmms-eval's (mean accuracy over task types).
 """
-import sys
-from pathlib import Path
 
-_TASKS_DIR = str(Path(__file__).resolve().parent.parent)
-if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
-    sys.path.insert(0, _TASKS_DIR)
-
-from _common import benchmarks
-from _common.builtin import builtin_utils
+from lvspec_eval.tasks._common import benchmarks
+from lvspec_eval.tasks._common.builtin import builtin_utils
 
 BENCH = "mlvu"
 

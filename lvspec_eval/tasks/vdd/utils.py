@@ -4,14 +4,8 @@ The question is the doc's own (fixed per sample, as in lmms-eval's `video_dc499`
 judged by this project's judges/ in mode "detail" (detail orientation, 0-5) instead of the
 built-in task's direct requests to OpenAI. A missing judgment is None, not 0.
 """
-import sys
-from pathlib import Path
 
-_TASKS_DIR = str(Path(__file__).resolve().parent.parent)
-if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
-    sys.path.insert(0, _TASKS_DIR)
-
-from _common import benchmarks, judge, metrics
+from lvspec_eval.tasks._common import benchmarks, judge, metrics
 
 BENCH = "vdd"
 

@@ -9,15 +9,9 @@ mark (0-5), vdc_acc the share of "yes", both per sample and averaged, as VDCscor
 The reference questions are logged with each sample (qa_list) so `lvspec-eval judge --mode vdc`
 can score a run again later.
 """
-import sys
-from pathlib import Path
 
-_TASKS_DIR = str(Path(__file__).resolve().parent.parent)
-if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
-    sys.path.insert(0, _TASKS_DIR)
-
-from _common import benchmarks, judge, metrics
-from _common.builtin import builtin_constant
+from lvspec_eval.tasks._common import benchmarks, judge, metrics
+from lvspec_eval.tasks._common.builtin import builtin_constant
 
 BENCH = "vdc"
 # dimension -> lmms-eval's list of instructions for it (we always ask entry `prompt_index`)

@@ -6,14 +6,8 @@ here), and its parser answers a random letter when it cannot read the reply, so 
 same outputs could score differently. Ours is deterministic: an unreadable reply is wrong.
 lvb_acc is the accuracy as a fraction (lmms-eval's "Overall" acc).
 """
-import sys
-from pathlib import Path
 
-_TASKS_DIR = str(Path(__file__).resolve().parent.parent)
-if _TASKS_DIR not in sys.path:  # lmms-eval loads this file by path; make tasks/_common importable
-    sys.path.insert(0, _TASKS_DIR)
-
-from _common import benchmarks, metrics
+from lvspec_eval.tasks._common import benchmarks, metrics
 
 BENCH = "longvideobench"
 MAX_OPTIONS = 5  # option0 .. option4; unused ones are "N/A"
