@@ -45,7 +45,11 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
    "exact_match_rate", "exact_match_basis", "facts_lost", "fact_error_rate" (null where the task
    logs no "facts_right"), "p_value", "p_holm", "test" ("mcnemar_exact",
-   "wilcoxon" or null for the baseline), "zero_method"}],
+   "wilcoxon" or null for the baseline), "zero_method",
+   "divergence" (exact methods other than the baseline, else absent): {"compared", "diverged",
+   "near_tie", "elsewhere", "unclassified", "dtype", "tolerance", "basis", "first_divergences"}
+   (see lvspec_eval/divergence.py: where the method first leaves the baseline's tokens, a near-tie
+   of the target's logits there is numerics, anything else a bug)}],
  "plots": [{"name", "path" (a PNG relative to DIR; null for a table-only entry), "caption", plus
    the hook's extra figures, e.g. "top_loose_tokens": [[text, count], ...]}], "warnings": [str]}
 Rows are ordered by task, then vanilla, sd_tree, specvlm, sparrow, fly, lvspec, others by name.
@@ -70,7 +74,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from judges import stats
-from lvspec_eval import report_html, report_plots
+from lvspec_eval import divergence, report_html, report_plots
+from lvspec_eval.divergence import divergence_summary  # noqa: F401  (for `check` and callers holding records)
 
 log = logging.getLogger(__name__)
 
@@ -406,6 +411,8 @@ def method_row(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions)
     row["failed"] = sum(1 for r in run.stats.values() if r.get("error"))
     row.update(speed_fields(pairs))
     row.update(quality_fields(run, vanilla, metric, opts))
+    if run.lossless and run.method != opts.baseline:
+        row["divergence"] = divergence.row_fields(run.stats, vanilla.stats)
     return row
 
 
@@ -516,6 +523,7 @@ def method_note(opts: ReportOptions) -> str:
 
 def markdown_page(rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions) -> str:
     parts = ["# lvspec-eval leaderboard", "", method_note(opts), "", markdown_table(rows), ""]
+    parts += [divergence.markdown_section(rows)] if divergence.markdown_section(rows) else []
     if any(p.path for p in plots):
         parts += ["## Plots", ""] + [f"![{p.caption}]({p.path.name})  \n{p.caption}\n" for p in plots if p.path]
     parts += [p.markdown + "\n" for p in plots if p.markdown]
@@ -589,7 +597,7 @@ def write_outputs(summary: dict, plots: list[report_plots.Plot], opts: ReportOpt
     (out_dir / "leaderboard.md").write_text(markdown_page(rows, plots, opts), encoding="utf-8")
     headers, cells = table_cells(rows)
     figures = [(p.path, p.caption) for p in plots if p.path]
-    notes = [method_note(opts)] + [p.markdown for p in plots]
+    notes = [method_note(opts), divergence.markdown_section(rows)] + [p.markdown for p in plots]
     page = report_html.render_page("lvspec-eval leaderboard", headers, cells, figures, notes)
     (out_dir / "leaderboard.html").write_text(page, encoding="utf-8")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
