@@ -54,7 +54,7 @@ step lvspec-eval bench --methods vanilla,sd_tree,specvlm,fly,lvspec --task synth
 rm -rf results/competence/run
 step lmms-eval --model lvspec \
   --model_args pretrained=demo,method=vanilla,stats_path=results/competence/run/stats.jsonl \
-  --tasks synthvid_caption,synthvid_mcq,synthvid_caption_long --include_path tasks \
+  --tasks synthvid_caption,synthvid_mcq,synthvid_caption_long \
   --output_path results/competence/run --log_samples
 # lmms-eval writes absolute paths into its results: keep the committed files machine-independent.
 grep -rl "$PWD/" results/ | xargs -r sed -i "s|$PWD/||g"
