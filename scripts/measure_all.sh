@@ -14,7 +14,7 @@ step() {
   "$@" 2>&1 | tail -n 40 >> "$LOG"
 }
 
-step lvspec-eval demo
+step lvspec-eval demo --out results/demo  # the committed reference report (the default is runs/demo)
 step lvspec-eval bench --methods vanilla,sd_tree,specvlm,fly,lvspec --task synthvid_caption --limit 20 --hf-baseline --out results/bench/caption_short.json
 step lvspec-eval bench --methods vanilla,sd_tree,specvlm,sparrow --limit 10 --out results/bench/sparrow_short.json
 step python scripts/measure_model_cost.py 300 2
