@@ -4,16 +4,20 @@ Every comparison is paired: a method and vanilla are scored on the same samples,
 sample id (`pair_by_id`), so sample difficulty cancels out of the comparison.
 
 - Retention = mean(method) / mean(vanilla) over the paired samples. Its confidence interval is a
-  paired BCa bootstrap (`retention_interval`): resample whole pairs (so the correlation between a
-  method's score and vanilla's on the same sample is kept), correct the percentile interval for
-  bias (z0) and skew (acceleration a, from the jackknife of the ratio). Defaults: n_boot = 2000
-  resamples, alpha = 0.05 (a two-sided 95 % interval), seed 0 so a report is reproducible.
+  paired BCa bootstrap (`retention_interval`), computed by `scipy.stats.bootstrap(paired=True,
+  method="BCa")`: resample whole pairs (so the correlation between a method's score and vanilla's
+  on the same sample is kept), correct the percentile interval for bias (z0, ties counted half)
+  and skew (acceleration a, from the jackknife of the ratio). Defaults: n_boot = 2000 resamples,
+  alpha = 0.05 (a two-sided 95 % interval), seed 0 so a report is reproducible. What we add
+  around scipy: the cases scipy leaves undefined get a stated answer (identical scores: exactly 1;
+  zero vanilla mean or n < 2: NaN; every resample the same ratio: that point).
 - Non-inferiority at margin d (`non_inferiority`; the report uses d = 1 % and 2 %): a method is
   non-inferior when the LOWER bound of its retention interval is >= 1 - d. With alpha = 0.05
   this is a one-sided test at level 0.025 that the method loses less than d of vanilla's quality.
 - Significance of a difference: McNemar's exact test for 0/1 outcomes (multiple-choice
   accuracy), Wilcoxon signed-rank otherwise; Holm's step-down correction across the methods
-  compared within one task.
+  compared within one task (statsmodels' `multipletests(method="holm")`; we only keep tests that
+  were not run, NaN, out of the family).
 - Exact-output match rate: share of paired samples whose output equals vanilla's. Lossless
   methods must reach 1.0 (in fp32).
 
@@ -23,11 +27,13 @@ judges quality.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as sps
+from statsmodels.stats.multitest import multipletests
 
 ZERO_METHODS = ("zsplit", "wilcox", "pratt")
 BOOT_CHUNK = 256  # resamples drawn at once: bounds memory at BOOT_CHUNK x n indices
@@ -112,47 +118,24 @@ def _check_alpha(alpha: float) -> None:
         raise ValueError(f"alpha={alpha!r}; allowed: 0 < alpha < 1")
 
 
-def _bootstrap_ratios(m: np.ndarray, v: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
-    """mean(m*)/mean(v*) over n_boot resamples of whole pairs; resamples whose ratio is not
-    finite (all resampled vanilla scores zero) are dropped."""
-    rng = np.random.default_rng(seed)
-    n = len(m)
-    out = []
-    for start in range(0, n_boot, BOOT_CHUNK):
-        idx = rng.integers(0, n, size=(min(BOOT_CHUNK, n_boot - start), n))  # [chunk, n]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out.append(m[idx].mean(axis=1) / v[idx].mean(axis=1))
-    ratios = np.concatenate(out)
-    return ratios[np.isfinite(ratios)]
-
-
-def _jackknife_acceleration(m: np.ndarray, v: np.ndarray) -> float:
-    """Acceleration a of BCa from the leave-one-out ratios (Efron 1987, "Better bootstrap
-    confidence intervals"). 0 when a leave-one-out ratio is undefined (a single nonzero vanilla
-    score), which falls back to the bias-corrected percentile interval."""
+def _ratio_of_means(m: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
-        loo = (m.sum() - m) / (v.sum() - v)  # [n]; the 1/(n-1) factors cancel
-    if not np.isfinite(loo).all():
-        return 0.0
-    d = loo.mean() - loo
-    denom = 6.0 * float((d**2).sum()) ** 1.5
-    return float((d**3).sum() / denom) if denom > 0 else 0.0
+        return m.mean(axis=axis) / v.mean(axis=axis)
 
 
-def _bca_levels(ratios: np.ndarray, estimate: float, a: float, alpha: float) -> tuple[float, float]:
-    """Percentile levels of the BCa interval. z0 counts ties with the estimate as half below:
-    with 0/1 metrics many resamples equal it exactly, and counting them as "not below" would
-    shift the interval for no reason."""
-    b = len(ratios)
-    tie = np.isclose(ratios, estimate, rtol=1e-12, atol=0.0)  # equal up to summation order
-    share = (np.sum((ratios < estimate) & ~tie) + 0.5 * np.sum(tie)) / b
-    z0 = sps.norm.ppf(np.clip(share, 0.5 / b, 1 - 0.5 / b))
-    levels = []
-    for z in sps.norm.ppf([alpha / 2, 1 - alpha / 2]):
-        shifted = z0 + z
-        denom = 1 - a * shifted  # <= 0 only for an extreme acceleration: take the outermost level
-        levels.append(float(sps.norm.cdf(z0 + shifted / denom)) if denom > 0 else float(z > 0))
-    return levels[0], levels[1]
+def _scipy_bca(m: np.ndarray, v: np.ndarray, n_boot: int, alpha: float, seed: int) -> tuple[float, float]:
+    """scipy's paired BCa interval of mean(m)/mean(v); NaN where scipy finds it undefined, except
+    that a bootstrap distribution of one single value gives that value (scipy: NaN, as its
+    jackknife acceleration is 0/0)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sps.DegenerateDataWarning)  # we report NaN ourselves
+        res = sps.bootstrap((m, v), _ratio_of_means, paired=True, vectorized=True, n_resamples=n_boot,
+                            confidence_level=1 - alpha, method="BCa", batch=BOOT_CHUNK, rng=seed)
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    ratios = res.bootstrap_distribution
+    if not (np.isfinite(lo) and np.isfinite(hi)) and np.isfinite(ratios).all() and np.ptp(ratios) == 0:
+        return float(ratios[0]), float(ratios[0])
+    return lo, hi
 
 
 def retention_interval(
@@ -162,7 +145,9 @@ def retention_interval(
 
     When method == vanilla on every sample, retention and interval are exactly 1 (every resample
     gives 1), even when vanilla scores 0 everywhere: identical scores retain all there was.
-    Otherwise a zero vanilla mean leaves retention undefined (NaN).
+    Otherwise a zero vanilla mean leaves retention undefined (NaN). When some resample has a zero
+    vanilla mean (rare: mostly-zero 0/1 scores on few samples) the ratio is undefined there and
+    scipy's interval is NaN: a gate then fails, as it should on so little evidence.
     """
     m, v = _check_pair(method, vanilla)
     _check_alpha(alpha)
@@ -174,14 +159,10 @@ def retention_interval(
     if n == 0 or v.mean() == 0:
         return RatioInterval(float("nan"), float("nan"), float("nan"), alpha, n_boot, n)
     estimate = float(m.mean() / v.mean())
-    ratios = _bootstrap_ratios(m, v, n_boot, seed)
-    if n < 2 or len(ratios) == 0:
+    if n < 2:
         return RatioInterval(estimate, float("nan"), float("nan"), alpha, n_boot, n)
-    if np.ptp(ratios) == 0:
-        return RatioInterval(estimate, float(ratios[0]), float(ratios[0]), alpha, n_boot, n)
-    lo_level, hi_level = _bca_levels(ratios, estimate, _jackknife_acceleration(m, v), alpha)
-    lo, hi = np.quantile(ratios, [lo_level, hi_level])
-    return RatioInterval(estimate, float(lo), float(hi), alpha, n_boot, n)
+    lo, hi = _scipy_bca(m, v, n_boot, alpha, seed)
+    return RatioInterval(estimate, lo, hi, alpha, n_boot, n)
 
 
 def non_inferiority(interval: RatioInterval, margin: float) -> NonInferiority:
@@ -236,11 +217,9 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
     """
     p = np.asarray(p_values, dtype=float)
     out = np.full(p.shape, np.nan)
-    ok = np.flatnonzero(np.isfinite(p))
-    order = ok[np.argsort(p[ok], kind="stable")]
-    k = len(order)
-    adjusted = np.maximum.accumulate(p[order] * (k - np.arange(k)))
-    out[order] = np.minimum(adjusted, 1.0)
+    ok = np.isfinite(p)
+    if ok.any():
+        out[ok] = multipletests(p[ok], method="holm")[1]
     return out
 
 
