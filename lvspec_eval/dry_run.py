@@ -9,7 +9,12 @@ Checks, in order, and prints one line each (OK / WARN / FAIL):
    are loaded): same model family, same tokenizer vocabulary, same video token id, and the same
    visual-token layout as the backends compute it (so SpecVLM's pruned indices and LVSpec's visual
    states line up).
-3. data, per task of this project's (tasks/_common/benchmarks.py): the data root exists (its
+3. chat template and visual tokens, per model (target, and the draft if it is a separate
+   checkpoint): the chat template (the processor's, as the run loads it) renders a video + text turn
+   with exactly one video token, and the backend's own preprocessing of a video (--video, else the
+   first video of the tasks' data, else a nominal one) gives so many visual and prompt tokens, within
+   the model's context. The backend runs on an empty (meta-device) model: no weights are read.
+4. data, per task of this project's (tasks/_common/benchmarks.py): the data root exists (its
    LVSPEC_<NAME>_ROOT, else lmms-eval's $HF_HOME layout), the annotations load, and the first
    --videos video files exist. Judged tasks warn when no judge is configured.
 Exit code 1 if anything failed, else 0.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -43,15 +49,19 @@ def register(subparsers) -> None:
     p.add_argument("--include_path", default=str(TASKS_DIR),
                    help="the project's task folder (default: the one installed with the package)")
     p.add_argument("--videos", type=int, default=3, help="video files checked per benchmark (default 3)")
+    p.add_argument("--video", default=None, help="a video file to count visual tokens on (default: the first "
+                                                 "video of the tasks' data, else a nominal 640x360 30 s video)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     checks, parsed = check_model_args(args.model_args)
     if parsed is not None:
         checks += check_pairing(parsed)
-    checks += check_tasks([t.strip() for t in args.tasks.split(",") if t.strip()], Path(args.include_path),
-                          args.videos)
+        video = getattr(args, "video", None) or first_task_video(names, Path(args.include_path))
+        checks += check_templates(parsed, video)
+    checks += check_tasks(names, Path(args.include_path), args.videos)
     print(format_report(checks))
     return 1 if any(c.status == "FAIL" for c in checks) else 0
 
@@ -116,39 +126,139 @@ def check_pairing(parsed) -> list[Check]:
 
 def checkpoint_facts(name: str, parsed) -> dict:
     """What pairing compares, from config and tokenizer files (local, or already in the hub cache)."""
-    from transformers import AutoConfig, AutoTokenizer
+    backend = backend_without_weights(name, parsed)
+    return {"model_type": backend.model.config.model_type, "video_token_id": backend.video_token_id,
+            "layout": backend.layout(), "vocab": backend.tokenizer.get_vocab()}
 
-    from .backends.loading import resolve_path
+
+def backend_without_weights(name: str, parsed):
+    """The family backend of checkpoint `name` as a run loads it (tokenizer with the processor's chat
+    template, preprocessing overrides), around an empty model on the meta device: no weights are read."""
+    import torch
+    from transformers import AutoConfig
+
+    from .backends.chat_template import load_tokenizer
+    from .backends.loading import _families, _model_class, _preprocess_overrides, resolve_path
 
     path = resolve_path(name)
     local = {} if Path(path).is_dir() else {"local_files_only": True}  # a hub id: the cache only, no download
     config = AutoConfig.from_pretrained(path, **local)
-    tokenizer = AutoTokenizer.from_pretrained(path, **local)
-    return {"model_type": config.model_type, "video_token_id": getattr(config, "video_token_id", None),
-            "layout": config_layout(config, path, parsed), "vocab": tokenizer.get_vocab()}
+    families = _families()
+    if config.model_type not in families:
+        raise ValueError(f"{name}: model_type {config.model_type!r} is not supported; expected one of "
+                         f"{', '.join(families)}")
+    with torch.device("meta"):
+        model = _model_class(config.model_type)(config).eval()
+    overrides = _preprocess_overrides(path, parsed.video_rule, min_pixels=parsed.min_pixels,
+                                      max_pixels=parsed.max_pixels)
+    return families[config.model_type].from_pretrained_parts(model, load_tokenizer(path, **local),
+                                                             torch.device("cpu"), overrides)
 
 
 def config_layout(config, path: str, parsed) -> tuple:
-    """The backend's layout() computed from the config (tests check both agree)."""
-    from .backends.loading import _preprocess_overrides
-    from .backends.qwen_vision import VisionPreprocessConfig
-    from .backends.siglip_vision import SiglipPreprocessConfig
-
-    vc = config.vision_config
-    overrides = _preprocess_overrides(path, min_pixels=parsed.min_pixels, max_pixels=parsed.max_pixels)
-    if config.model_type == "qwen2_5_vl":
-        p = VisionPreprocessConfig(patch_size=vc.patch_size, temporal_patch_size=vc.temporal_patch_size,
-                                   merge_size=vc.spatial_merge_size, **overrides)
-        return ("qwen2_5_vl", p.patch_size, p.temporal_patch_size, p.merge_size, p.min_pixels, p.max_pixels)
-    if config.model_type == "llava_onevision":
-        p = SiglipPreprocessConfig(image_size=vc.image_size, patch_size=vc.patch_size)
-        return ("llava_onevision", p.image_size, p.patch_size, p.tokens_per_frame,
-                config.vision_feature_select_strategy)
-    raise ValueError(f"{path}: model_type {config.model_type!r} is not supported; expected qwen2_5_vl or "
-                     "llava_onevision")
+    """The backend's layout() as dry-run computes it, from files (tests check it equals a loaded backend's)."""
+    return backend_without_weights(path, parsed).layout()
 
 
-# ---- 3. data roots ------------------------------------------------------------------------------
+# ---- 3. chat template and visual tokens ----------------------------------------------------------------
+
+NOMINAL_VIDEO = (30.0, 30.0, 360, 640)  # seconds, native fps, height, width of the stand-in video
+NOMINAL = "a nominal"
+
+
+def check_templates(parsed, video: str | None) -> list[Check]:
+    """Render each model's chat template with a video and count its tokens, per checkpoint loaded."""
+    names = [("pretrained", parsed.pretrained)]
+    if uses_draft_model(parsed):
+        names.append(("draft", parsed.draft))
+    try:
+        frames, fps, source = sample_frames(video, parsed)
+    except (OSError, ValueError) as err:  # VideoError is a ValueError; OSError: a checkpoint not found
+        return [Check("FAIL", "video", f"{video}: {err}")]
+    return [check_template(role, name, parsed, frames, fps, source) for role, name in names]
+
+
+def check_template(role: str, name: str, parsed, frames, fps: float, source: str) -> Check:
+    from .backends.chat_template import check_video_template
+
+    what = f"chat template {role}={name}"
+    try:
+        backend = backend_without_weights(name, parsed)
+    except (OSError, ValueError) as err:
+        return Check("WARN", what, f"not checked: {err}")
+    try:
+        check_video_template(backend.tokenizer, backend.video_token_id, f"{role}={name}")
+        inputs = backend.prepare("Describe the video.", [(frames, fps)])
+    except ValueError as err:
+        return Check("FAIL", what, str(err))
+    n = int(inputs.input_ids.shape[1])
+    counts = f"{inputs.num_visual_tokens} visual tokens, {n} prompt tokens for {source}"
+    limit = getattr(backend.model.config.get_text_config(), "max_position_embeddings", None)
+    if limit and n >= limit:  # a nominal video only warns: the task's videos may be smaller
+        return Check("WARN" if source.startswith(NOMINAL) else "FAIL", what,
+                     f"{counts}: more than the context of {limit}; such samples fail (lower max_frames, fps or "
+                     "max_pixels)")
+    return Check("OK", what, f"renders a video; {counts}")
+
+
+def sample_frames(video: str | None, parsed):
+    """(frames uint8 [T, H, W, 3], fps, description) as the run samples them (video_rule, fps, max_frames)."""
+    import numpy as np
+
+    from .models.video import load_video
+
+    plan = backend_without_weights(parsed.pretrained, parsed).frame_plan(parsed.fps, parsed.max_frames)
+    if video is not None:
+        loaded = load_video(video, plan=plan)
+        t, h, w, _ = loaded.frames.shape
+        return loaded.frames, loaded.fps, f"{video} ({t} frames of {w}x{h})"
+    seconds, native_fps, h, w = NOMINAL_VIDEO
+    count = len(plan.indices(int(seconds * native_fps), native_fps))
+    frames = np.zeros((count, h, w, 3), dtype=np.uint8)
+    return frames, count / seconds, f"{NOMINAL} {seconds:.0f} s {w}x{h} video ({count} frames; --video for yours)"
+
+
+def first_task_video(names: list[str], include_path: Path) -> str | None:
+    """The first video of the tasks' data already on this machine (benchmark or demo task), if any."""
+    try:
+        registry = load_task_registry(include_path)
+    except ValueError:
+        registry = None
+    for name in names:
+        for task in registry.GROUPS.get(name, (name,)) if registry else (name,):
+            path = (benchmark_video(registry, task) if registry and task in registry.TASKS
+                    else demo_task_video(task))
+            if path:
+                return path
+    return None
+
+
+def benchmark_video(registry, task: str) -> str | None:
+    bench = registry.get(registry.TASKS[task])
+    root, _ = registry.data_root(bench)
+    if not root.is_dir():  # else load_rows would try the hub
+        return None
+    try:
+        rows = registry.load_rows(bench)
+    except (ValueError, OSError, ConnectionError, ImportError):
+        return None
+    path = registry.video_path(bench, rows[0]) if rows else None
+    return path if path and os.path.isfile(path) else None
+
+
+def demo_task_video(task: str) -> str | None:
+    """A synthvid task's first video if its data was generated already (dry-run generates nothing)."""
+    from .demo import tasks_data
+
+    docs = tasks_data.cache_root() / task / "docs.jsonl"
+    if task not in tasks_data.TASKS or not docs.is_file():
+        return None
+    lines = docs.read_text(encoding="utf-8").splitlines()
+    path = docs.parent / json.loads(lines[0])["video"] if lines else None
+    return str(path) if path and path.is_file() else None
+
+
+# ---- 4. data roots ------------------------------------------------------------------------------
 
 def load_task_registry(include_path: Path):
     """tasks/_common/benchmarks.py of the include path (lmms-eval reads the tasks from there too)."""

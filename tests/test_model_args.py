@@ -138,3 +138,10 @@ def test_bad_gen_kwargs():
         read_gen_kwargs({"max_new_tokens": "many"}, 16)
     with pytest.raises(ValueError, match="max_new_tokens=0 must be at least 1"):
         read_gen_kwargs({"max_new_tokens": 0}, 16)
+
+
+def test_on_device_error_defaults_to_abort_and_takes_skip():
+    assert parse("pretrained=demo").on_device_error == "abort"
+    assert parse("pretrained=demo,on_device_error=skip").on_device_error == "skip"
+    with pytest.raises(ValueError, match="on_device_error='ignore' is not supported; expected one of abort, skip"):
+        parse("pretrained=demo,on_device_error=ignore")

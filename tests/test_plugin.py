@@ -103,7 +103,8 @@ def simple_request(doc_id: int, gen_kwargs: dict, prompt: str, task: str = TASK)
 def make_model(cls_name: str, tiny_model: Path, stats: Path, **extra):
     from lvspec_eval.models import lvspec
 
-    defaults = {"pretrained": str(tiny_model), "method": "vanilla", "stats_path": str(stats), "fps": demo_models.FPS}
+    defaults = {"pretrained": str(tiny_model), "method": "vanilla", "stats_path": str(stats), "fps": demo_models.FPS,
+                "video_rule": "fps"}  # every frame of the synthvid videos: 64 visual tokens
     return getattr(lvspec, cls_name)(**{**defaults, **extra})
 
 

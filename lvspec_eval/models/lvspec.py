@@ -4,25 +4,46 @@ Both are thin: they turn a request into (prompt, videos, generation settings), c
 `runner.Runner.generate`, and write one statistics line per request. Decoding lives in decoding/,
 model families in backends/. A sample that cannot be run (missing or corrupt video, a prompt
 longer than the context, an error raised by the model) fails alone: it is logged with its doc id,
-answered with an empty string and recorded with its reason; the run goes on.
+answered with an empty string and recorded with its reason; the run goes on. A failure of the device
+(a CUDA error such as a device-side assert, or running out of memory) stops the run instead, naming
+the sample: after a device-side assert every later sample fails too, and lmms-eval would score the
+empty answers (model_arg on_device_error=skip fails such a sample alone, e.g. to skip rare
+out-of-memory samples).
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from lmms_eval.api.instance import GenerationResult, Instance, TokenCounts
 from lmms_eval.api.model import lmms
 from lmms_eval.protocol import ChatMessages
 from loguru import logger
 from tqdm import tqdm
 
+from ..backends.chat_template import check_video_template
+from ..decoding.loop import make_clock
 from ..runner import Generation, Runner, VideoInput
 from .args import GenSettings, ModelArgs, read_gen_kwargs
 from .stats_writer import StatsWriter, failure_record, success_record
 from .video import VideoError, load_video
+
+# Exceptions that mean the accelerator failed, not this sample's input (torch.AcceleratorError covers
+# CUDA errors such as device-side asserts; DeferredCudaCallError is not even a RuntimeError).
+DEVICE_ERRORS = (torch.AcceleratorError, torch.OutOfMemoryError, torch.cuda.CudaError,
+                 torch.cuda.DeferredCudaCallError)
+# ... and what older code paths raise as a plain RuntimeError for the same failures.
+DEVICE_ERROR_MARKERS = ("CUDA error", "CUDA out of memory", "CUBLAS_STATUS_", "CUDNN_STATUS_", "NCCL error",
+                        "device-side assert", "can't allocate memory")
+
+
+class DeviceFailure(RuntimeError):
+    """The device failed on a sample and on_device_error=abort: the run stops, naming the sample."""
 
 
 @dataclass
@@ -43,12 +64,18 @@ class _LVSpecModel(lmms):
     def __init__(self, **model_args: Any) -> None:
         super().__init__()
         self.args = ModelArgs.parse(model_args)
+        refuse_response_cache(lmms_eval_use_cache(inspect.currentframe()), self.args.stats_path)
         self._rank, self._world_size, local_rank = distributed_env()
         self.stats = StatsWriter(self.args.stats_path) if self.args.stats_path else None
         kwargs = self.args.runner_kwargs()
         if self._world_size > 1 and kwargs["device"] == "cuda" and not self.args.device_map:
             kwargs["device"] = f"cuda:{local_rank}"  # one GPU per data-parallel process
         self.runner = Runner(**kwargs)
+        # which frames each video gives under video_rule (a bad fps/max_frames fails here, not per sample)
+        self.frame_plan = self.runner.target.frame_plan(self.args.fps, self.args.max_frames)
+        for name, backend in (("pretrained", self.runner.target), ("draft", self.runner.draft_backend)):
+            if backend is not None:  # every sample would fail on a template that cannot take a video
+                check_video_template(backend.tokenizer, backend.video_token_id, f"{name}={getattr(self.args, name)}")
         self._warned_sampling = False
 
     @property
@@ -61,6 +88,9 @@ class _LVSpecModel(lmms):
 
     # ---- lmms-eval entry points -----------------------------------------------------------------
     def generate_until(self, requests: list[Instance]) -> list[GenerationResult]:
+        # A model built outside lmms-eval's simple_evaluate and handed to it is only seen here.
+        refuse_response_cache("(a ResponseCache)" if called_by_response_cache(inspect.currentframe()) else None,
+                              self.args.stats_path)
         return [self._respond(r) for r in tqdm(requests, desc="lvspec", disable=self.rank != 0)]
 
     def loglikelihood(self, requests):
@@ -85,10 +115,12 @@ class _LVSpecModel(lmms):
         try:
             settings = read_gen_kwargs(info.gen_kwargs, self.args.max_new_tokens)
             prompt, paths = self._prompt_and_videos(info)
-            videos = [load_video(p, self.args.fps, self.args.max_frames) for p in paths]
+            videos = [load_video(p, plan=self.frame_plan) for p in paths]
             generation, max_new = self._generate(prompt, videos, settings)
-        except (VideoError, ValueError, RuntimeError) as err:  # this sample only; the run goes on
-            return self._fail(info, f"{type(err).__name__}: {err}")
+        except DEVICE_ERRORS + (ValueError, RuntimeError) as err:  # VideoError is a ValueError
+            if is_device_error(err):
+                return self._device_failure(info, err)
+            return self._fail(info, f"{type(err).__name__}: {err}")  # this sample only; the run goes on
         self._record(info, generation, settings, max_new)
         self.cache_hook.add_partial("generate_until", (info.context, info.gen_kwargs), generation.text)
         counts = TokenCounts(input_tokens=generation.stats.get("prompt_tokens"), output_tokens=len(generation.tokens))
@@ -99,25 +131,16 @@ class _LVSpecModel(lmms):
             logger.warning(f"lvspec: the task asks for sampling (temperature={settings.requested_temperature}); "
                            "lvspec decodes greedily only, so this run is greedy (recorded as sampling_ignored)")
             self._warned_sampling = True
-        max_new = self._fit_context(prompt, videos, settings.max_new_tokens)
-        return self.runner.generate(prompt, videos, max_new, settings.until), max_new
-
-    def _fit_context(self, prompt: str, videos: list[VideoInput], max_new_tokens: int) -> int:
-        """max_new_tokens, lowered to what the context leaves; ValueError if the prompt alone overflows it.
-
-        Checked here because RoPE models do not fail past max_position_embeddings: they silently
-        produce garbage, which would look like a quality loss of the method.
-        """
-        backend = self.runner.target
-        limit = getattr(backend.model.config.get_text_config(), "max_position_embeddings", None)
-        if not limit:
-            return max_new_tokens
-        inputs = backend.prepare(prompt, [(v.frames, v.fps) for v in videos])
-        n = int(inputs.input_ids.shape[1])
-        if n >= limit:
-            raise ValueError(f"the prompt has {n} tokens ({inputs.num_visual_tokens} visual), more than the model's "
-                             f"context of {limit} (max_position_embeddings); lower max_frames, fps or max_pixels")
-        return min(max_new_tokens, limit - n)
+        target, request = self.runner.target, [(v.frames, v.fps) for v in videos]
+        clock = make_clock(target.device)
+        t0 = clock()
+        inputs = target.prepare(prompt, request)
+        preprocess_s = clock() - t0
+        max_new = fit_context(target, inputs, settings.max_new_tokens)
+        with reuse_prepared(target, prompt, request, inputs):  # the frames are preprocessed once per request
+            generation = self.runner.generate(prompt, videos, max_new, settings.until)
+        charge_preprocessing(generation.stats, preprocess_s)
+        return generation, max_new
 
     # ---- records ----------------------------------------------------------------------------------
     def _record(self, info: RequestInfo, generation: Generation, settings: GenSettings, max_new: int) -> None:
@@ -131,12 +154,28 @@ class _LVSpecModel(lmms):
                                         text=generation.text, token_texts=[decode([t]) for t in generation.tokens],
                                         extra=extra))
 
-    def _fail(self, info: RequestInfo, reason: str) -> GenerationResult:
+    def _fail(self, info: RequestInfo, reason: str, device_error: bool = False) -> GenerationResult:
         logger.error(f"lvspec: task {info.task} doc {info.doc_id} failed, answering with an empty string: {reason}")
+        self._record_failure(info, reason, device_error)
+        return GenerationResult(text="", token_counts=TokenCounts(output_tokens=0))
+
+    def _record_failure(self, info: RequestInfo, reason: str, device_error: bool) -> None:
         if self.stats is not None:
             self.stats.write(failure_record(reason, method=self.runner.method, task=info.task, doc_id=info.doc_id,
-                                            rank=self.rank))
-        return GenerationResult(text="", token_counts=TokenCounts(output_tokens=0))
+                                            rank=self.rank, device_error=device_error))
+
+    def _device_failure(self, info: RequestInfo, err: BaseException) -> GenerationResult:
+        """on_device_error=skip: this sample fails alone (cached memory freed first); abort: the run stops."""
+        reason = f"device error, {type(err).__name__}: {err}"
+        if self.args.on_device_error == "skip":
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # what the failed sample held, so an out-of-memory need not repeat
+            return self._fail(info, reason, device_error=True)
+        self._record_failure(info, reason, device_error=True)
+        raise DeviceFailure(
+            f"lvspec: task {info.task} doc {info.doc_id} failed on the device ({type(err).__name__}: {err}). The run "
+            "stops here: after a device-side assert every later sample fails too, and lmms-eval would score empty "
+            "answers. Pass on_device_error=skip in model_args to fail such samples alone instead.") from err
 
 
 class LVSpecChat(_LVSpecModel):
@@ -179,6 +218,95 @@ def distributed_env() -> tuple[int, int, int]:
         except ValueError:
             raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
     return values[0], values[1], values[2]
+
+
+def is_device_error(err: BaseException) -> bool:
+    """Whether `err` is a failure of the device (CUDA error, out of memory) rather than of the sample."""
+    if isinstance(err, DEVICE_ERRORS):
+        return True
+    return isinstance(err, RuntimeError) and any(marker in str(err) for marker in DEVICE_ERROR_MARKERS)
+
+
+def fit_context(backend, inputs, max_new_tokens: int) -> int:
+    """max_new_tokens, lowered to what the context leaves; ValueError if the prompt alone overflows it.
+
+    Checked here because RoPE models do not fail past max_position_embeddings: they silently
+    produce garbage, which would look like a quality loss of the method.
+    """
+    limit = getattr(backend.model.config.get_text_config(), "max_position_embeddings", None)
+    if not limit:
+        return max_new_tokens
+    n = int(inputs.input_ids.shape[1])
+    if n >= limit:
+        raise ValueError(f"the prompt has {n} tokens ({inputs.num_visual_tokens} visual), more than the model's "
+                         f"context of {limit} (max_position_embeddings); lower max_frames, fps or max_pixels")
+    return min(max_new_tokens, limit - n)
+
+
+def charge_preprocessing(record: dict, seconds: float) -> None:
+    """Put the request's one preprocessing (run before decoding for the context check, then served to
+    the loop from memory) back into its timings where the loop would have counted it: preprocess_s,
+    and the end-to-end figures of the method and of its paired vanilla decode."""
+    if "preprocess_s" not in record:
+        return
+    record["preprocess_s"] += seconds
+    record["e2e_s"] += seconds
+    record["e2e_tokens_per_s"] = record["num_new_tokens"] / record["e2e_s"] if record["e2e_s"] > 0 else 0.0
+    if "vanilla_e2e_s" in record:
+        record["vanilla_e2e_s"] += seconds
+
+
+@contextlib.contextmanager
+def reuse_prepared(backend, prompt: str, videos: list[tuple], inputs):
+    """While decoding one request, `backend.prepare` of that same request returns `inputs` (already made
+    for the context check) instead of preprocessing the frames again; any other call goes through.
+    The instance attribute shadows the method and is removed on exit."""
+    original = backend.prepare
+
+    def prepare(p: str, vs: list[tuple]):
+        same = p == prompt and len(vs) == len(videos) and all(
+            a[0] is b[0] and a[1] == b[1] for a, b in zip(vs, videos))
+        return inputs if same else original(p, vs)
+
+    backend.prepare = prepare
+    try:
+        yield
+    finally:
+        del backend.prepare
+
+
+def lmms_eval_use_cache(frame) -> str | None:
+    """The `use_cache` of the lmms-eval `simple_evaluate` call building this model, if any.
+
+    lmms-eval 0.7.3 builds the model inside evaluator.simple_evaluate and creates its ResponseCache
+    afterwards without telling the model, so the argument is read from that caller's frame.
+    """
+    while frame is not None:
+        if frame.f_code.co_name == "simple_evaluate" and frame.f_globals.get("__name__") == "lmms_eval.evaluator":
+            return frame.f_locals.get("use_cache")
+        frame = frame.f_back
+    return None
+
+
+def called_by_response_cache(frame) -> bool:
+    """Whether lmms-eval's ResponseCache.execute is on the stack (it calls the model on cache misses only)."""
+    while frame is not None:
+        if frame.f_code.co_name == "execute" and type(frame.f_locals.get("self")).__name__ == "ResponseCache":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def refuse_response_cache(use_cache: str | None, stats_path: str | None) -> None:
+    """--use_cache answers cached requests without calling the model: their samples would be missing
+    from stats_path and the speed figures would silently drop them. Without stats_path it is harmless."""
+    if use_cache is None:
+        return
+    if stats_path:
+        raise ValueError(f"lmms-eval --use_cache {use_cache} serves cached answers without calling the model, so "
+                         f"stats_path={stats_path} would miss those samples and the speed figures would drop them "
+                         "silently; run without --use_cache (or without stats_path if you only want the scores)")
+    logger.warning(f"lvspec: --use_cache {use_cache}: cached answers are served without decoding; no speed is measured")
 
 
 def call_task_function(fn: Callable, doc: dict):

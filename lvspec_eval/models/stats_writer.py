@@ -4,7 +4,8 @@ Several ranks of a data-parallel run append to the same file, so every line is w
 call under an exclusive lock; a reader never sees two records interleaved. Keys are those of
 `decoding/stats.py` plus task, doc_id, rank, error, text and token_texts (report.py reads them), and
 from the runner the per-token lists kinds, relevance and replaced (with replaced_texts: the draft
-token each of the target's step-closing tokens overruled).
+token each of the target's step-closing tokens overruled). Failure records carry device_error (true
+when the device failed rather than the sample's input).
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def success_record(stats: dict, *, task: str, doc_id, rank: int, text: str, toke
             "text": text, "token_texts": token_texts}
 
 
-def failure_record(reason: str, *, method: str, task: str, doc_id, rank: int) -> dict:
-    """A failed sample: no timings (report.py leaves it out of speed), the reason in `error`."""
+def failure_record(reason: str, *, method: str, task: str, doc_id, rank: int, device_error: bool = False) -> dict:
+    """A failed sample: no timings (report.py leaves it out of speed), the reason in `error`;
+    device_error: the device failed (CUDA error, out of memory), not the sample's input."""
     return {"method": method, "task": task, "doc_id": doc_id, "rank": rank, "error": reason, "text": "",
-            "tokens": [], "token_texts": [], "num_new_tokens": 0}
+            "tokens": [], "token_texts": [], "num_new_tokens": 0, "device_error": device_error}
