@@ -99,6 +99,12 @@ def fact_errors(samples: list[dict], recs: list[dict], base: list[dict]) -> tupl
     return lost, right
 
 
+def _per_token(recs: list[dict], *keys: str) -> list[dict]:
+    """Seconds per generated token of each record: 'd' decode, 'e' end to end."""
+    seconds = {"d": "decode_s", "e": "e2e_s"}
+    return [{k: r[seconds[k]] / max(1, r["num_new_tokens"]) for k in keys} for r in recs]
+
+
 def _median_ratio(base: list[dict], other: list[dict], key: str) -> float:
     ratios = [b[key] / o[key] for b, o in zip(base, other) if b[key] > 0 and o[key] > 0]
     return statistics.median(ratios) if ratios else 0.0
@@ -117,10 +123,7 @@ def _tokens_per_s(recs: list[dict]) -> float:
 
 def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dict]) -> dict:
     """One method's figures; `base` is vanilla's records on the same `samples`."""
-    per_tok = [{"d": r["decode_s"] / max(1, r["num_new_tokens"]), "e": r["e2e_s"] / max(1, r["num_new_tokens"])}
-               for r in recs]
-    base_tok = [{"d": r["decode_s"] / max(1, r["num_new_tokens"]), "e": r["e2e_s"] / max(1, r["num_new_tokens"])}
-                for r in base]
+    per_tok, base_tok = _per_token(recs, "d", "e"), _per_token(base, "d", "e")
     steps = sum(r["num_steps"] for r in recs)
     q, qv = _mean_quality(recs), _mean_quality(base)
     lost, right = fact_errors(samples, recs, base)
@@ -220,8 +223,7 @@ def summarise_hf(recs: list[dict], records: dict[str, list[dict]], ours: list[st
     whether it said what vanilla said, and each of our methods' rate over its rate (>1: ours is
     faster), as a ratio of totals and as the median of per-sample ratios."""
     hf_rate = _tokens_per_s(recs)
-    per_tok = [{"e": r["e2e_s"] / max(1, r["num_new_tokens"])} for r in recs]
-    vs_ours = {m: [{"e": r["e2e_s"] / max(1, r["num_new_tokens"])} for r in records[m]] for m in ours}
+    per_tok = _per_token(recs, "e")
     return {
         "tokens_per_s": hf_rate,
         "seconds": sum(r["e2e_s"] for r in recs),
@@ -229,7 +231,7 @@ def summarise_hf(recs: list[dict], records: dict[str, list[dict]], ours: list[st
         "exact_match_rate": statistics.fmean(float(r["tokens"] == b["tokens"])
                                              for r, b in zip(recs, records["vanilla"])),
         "ours_ratio": {m: _tokens_per_s(records[m]) / hf_rate for m in ours},
-        "ours_ratio_median": {m: _median_ratio(per_tok, vs_ours[m], "e") for m in ours},
+        "ours_ratio_median": {m: _median_ratio(per_tok, _per_token(records[m], "e"), "e") for m in ours},
         "n": len(recs),
     }
 
