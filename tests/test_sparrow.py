@@ -112,7 +112,8 @@ class _OracleSparrow(SparrowDrafter):
         super().__init__(*args, **kwargs)
         self.reference = reference
 
-    def _grow(self, root_logits, root_out, tail, root_index):
+    def _grow(self, *args):  # (tree shape arguments..., root_logits, root_out, tail, root_index)
+        tail, root_index = args[-2:]
         self.tails = getattr(self, "tails", []) + [tail]
         nxt = self.reference[root_index + 1: root_index + 4]
         return Draft(torch.tensor(nxt, dtype=torch.long), chain_parents(len(nxt)))
@@ -166,7 +167,7 @@ def test_training_passes_compute_what_drafting_computes(family, tmp_path):
     with torch.no_grad():
         passes = [p[0] for p in sparrow_train.head_passes(head, backend.model.get_input_embeddings(), batch, 2)]
     drafter = SparrowDrafter(head, backend, TreeConfig("chain", depth=3))
-    inputs = backend.prepare(record["prompt"], [sparrow_train.video_for(record["seed"], args)])
+    inputs = backend.prepare(record["prompt"], [sparrow_train.video_for(record, args)])
     state, _ = backend.prefill(inputs, hidden_layers=(FINAL,))
     drafter.start(backend, inputs, state, loop.make_clock(backend.device))
     torch.testing.assert_close(drafter.last[1], passes[0][ex.loss_from], atol=1e-5, rtol=1e-5)
@@ -249,7 +250,7 @@ def test_ivsb_prefix_is_seen_only_by_text_after_the_video(family, tmp_path):
     args = _train_args(tmp_path, "--target", "unused")
     ex = sparrow_train.extract(family.target, {"seed": 3, "prompt": "describe", "answer": [5, 9, 11]}, args, 1)
     first_after = int(ex.visual_pos[0])  # text index of the first token after the video
-    assert ex.visual.shape[0] == int(family.target.prepare("describe", [sparrow_train.video_for(3, args)])
+    assert ex.visual.shape[0] == int(family.target.prepare("describe", [sparrow_train.video_for({"seed": 3}, args)])
                                      .num_visual_tokens)
     head = SparrowHead.for_target(family.target)
     embed = family.target.model.get_input_embeddings()

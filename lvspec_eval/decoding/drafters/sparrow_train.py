@@ -1,9 +1,14 @@
 """`lvspec-eval train-sparrow`: train a Sparrow draft head for a target (SPEC.md section 4).
 
-Data (self-distillation, as EAGLE does): the target's own greedy answers to caption and
-multiple-choice prompts about demo-world scenes from the training seed range, generated through
-the decoding loop and cached as JSON lines, so a rerun resumes where generation stopped. The head
-learns what the target says, not what the scene's ground truth says.
+Data (self-distillation, as EAGLE does): the target's own greedy answers, generated once and
+cached as JSON lines, so a rerun resumes where generation stopped. The head learns what the
+target says, not what a ground truth says. Two sources of videos and prompts:
+- the demo world (default): caption and multiple-choice prompts about rendered scenes from the
+  training seed range; this is how the shipped demo heads are made;
+- `--videos DIR`, any target: every video file under DIR (any common container, decoded with the
+  lmms-eval model's own loader at --fps, at most --frames frames, as `--model lvspec` samples
+  them), each asked the fixed describe/caption/question prompts of VIDEO_PROMPTS. A file that
+  cannot be decoded is recorded as skipped (with its reason) and left out.
 
 Features: for each example the target runs once over prompt + answer through its backend (so
 Qwen2.5-VL and LLaVA-OneVision both work), giving its final hidden state at every position and,
@@ -30,22 +35,26 @@ Training, per batch (all losses on the positions that predict answer tokens):
   next token, plus --reg-weight x smooth-L1 of the head's output onto the target's final h
   (EAGLE trains both).
 
-Logs (JSON lines) and the resumable state go to --work; the head (fc + layer + norm only) to --out.
+Logs (JSON lines) and the resumable state go to --work (with --videos: <out>/train); the head (fc +
+layer + norm only) to --out. The state is saved every --ckpt-every steps and on Ctrl-C; a rerun with
+the same settings continues from it (--restart starts over), and refuses a state made with other ones.
 
 The shipped demo heads (defaults: 800 captions + 150 MC answers, 900 steps of 16, lr 2e-3):
     lvspec-eval train-sparrow --threads 1                       # -> demo/checkpoints/sparrow
     lvspec-eval train-sparrow --threads 1 --no-ivsb --out lvspec_eval/demo/checkpoints/sparrow_noivsb
     lvspec-eval train-sparrow --threads 1 --mtp-steps 0 --out lvspec_eval/demo/checkpoints/sparrow_nomtp
 On this 2-core CPU, the three side by side (2026-11-30): the target's answers 1.2-1.5 minutes (once;
-cached, shared by all three), then 5.5-12 minutes per head, 9-12 minutes in all (two runs). A real target on a GPU:
-    lvspec-eval train-sparrow --target Qwen/Qwen2.5-VL-7B-Instruct --device cuda --dtype bfloat16 \
-        --out heads/qwen7b --num-captions 20000 --steps 20000 --grad-accum 2
+cached, shared by all three), then 5.5-12 minutes per head, 9-12 minutes in all (two runs). A real target on a GPU, from a folder of your own videos:
+    lvspec-eval train-sparrow --target Qwen/Qwen2.5-VL-7B-Instruct --videos my_videos --out heads/qwen7b \
+        --device cuda --dtype bfloat16 --frames 16 --max-pixels 200704 --batch-size 4 --grad-accum 4 --steps 3000
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -63,7 +72,26 @@ from ..verifiers.exact import ExactVerifier
 from .model import NoDrafter
 from .sparrow import DEMO_HEAD, SparrowHead
 
+log = logging.getLogger(__name__)
+
 MCQ_SEED_SHIFT = 500_000  # MC questions use scenes apart from the captions'
+# The fixed prompts every user video is asked (--videos): captions of several lengths and open
+# questions, so the head sees the target's description style, its short answers and its lists.
+VIDEO_PROMPTS = (
+    "Describe this video in detail.",
+    "Write a one-sentence caption for this video.",
+    "What is happening in this video?",
+    "List the main objects and people that appear in the video.",
+    "Describe the setting and the background of this video.",
+    "What actions take place in the video, in order?",
+    "What colours, shapes and text stand out in this video?",
+    "Describe how the camera moves and how the shots change.",
+)
+VIDEO_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v", ".mpg", ".mpeg", ".flv", ".wmv", ".3gp",
+                    ".ts", ".gif")
+# Settings a resumed state must share with the run that made it (the data and the training setup).
+RESUME_KEYS = ("target", "videos", "prompts_per_video", "num_captions", "num_mcq", "seed_offset", "frames", "fps",
+               "size", "max_new_tokens", "no_ivsb", "ivsb_layer", "mtp_steps", "batch_size", "grad_accum", "seed")
 
 
 @dataclass
@@ -85,7 +113,30 @@ class Example:
 # ---- data: the target's own answers ---------------------------------------------------------------
 
 def task_list(args) -> list[dict]:
-    """The (key, scene seed, prompt) of every example, captions first."""
+    """Every example's key, video and prompt: the user's videos (--videos) or demo scenes."""
+    return video_tasks(args) if args.videos else demo_tasks(args)
+
+
+def find_videos(folder: Path) -> list[Path]:
+    """Video files under `folder` (recursively, by extension), sorted; ValueError if there are none."""
+    if not folder.is_dir():
+        raise ValueError(f"--videos {str(folder)!r} is not a folder")
+    found = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS)
+    if not found:
+        raise ValueError(f"--videos {str(folder)!r} holds no video file; looked for {', '.join(VIDEO_EXTENSIONS)}")
+    return found
+
+
+def video_tasks(args) -> list[dict]:
+    """Each video under --videos with each of the first --prompts-per-video prompts, video by video."""
+    root = Path(args.videos)
+    return [{"key": f"{rel}|{prompt}", "video": rel, "prompt": prompt}
+            for rel in (p.relative_to(root).as_posix() for p in find_videos(root))
+            for prompt in VIDEO_PROMPTS[: args.prompts_per_video]]
+
+
+def demo_tasks(args) -> list[dict]:
+    """The (key, scene seed, prompt) of every demo example, captions first."""
     from ...demo import data, world
 
     tasks = []
@@ -99,10 +150,34 @@ def task_list(args) -> list[dict]:
     return tasks
 
 
-def video_for(seed: int, args) -> tuple[np.ndarray, float]:
+def video_for(task: dict, args) -> tuple[np.ndarray, float]:
+    """(frames uint8 [T, H, W, 3], fps) of a task: its user video file, or its rendered demo scene."""
+    if "video" in task:
+        return _decoded(str(Path(args.videos) / task["video"]), args.fps, args.frames)
     from ...demo import models, world
 
-    return world.render(world.make_scene(seed), args.frames, args.size, args.size), models.FPS
+    return world.render(world.make_scene(task["seed"]), args.frames, args.size, args.size), models.FPS
+
+
+@functools.lru_cache(maxsize=4)  # a video's prompts come one after another
+def _decoded(path: str, fps: float, max_frames: int) -> tuple[np.ndarray, float]:
+    from ...models.video import load_video
+
+    video = load_video(path, fps, max_frames)
+    return video.frames, video.fps
+
+
+def unreadable(task: dict, args) -> str | None:
+    """Why the task's video cannot be decoded, or None (demo scenes always render)."""
+    from ...models.video import VideoError
+
+    if "video" not in task:
+        return None
+    try:
+        video_for(task, args)
+    except VideoError as err:
+        return str(err)
+    return None
 
 
 def end_token(backend: Backend) -> int:
@@ -112,7 +187,11 @@ def end_token(backend: Backend) -> int:
 
 
 def generate_data(backend: Backend, args, path: Path) -> list[dict]:
-    """Greedy target answers for every task, appended to `path` (JSON lines) as they come."""
+    """Greedy target answers for every task, appended to `path` (JSON lines) as they come.
+
+    A task whose video cannot be decoded is written with its `error` instead (so a rerun does not
+    try it again) and left out of the returned records.
+    """
     done = {}
     if path.exists():
         done = {r["key"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
@@ -122,36 +201,71 @@ def generate_data(backend: Backend, args, path: Path) -> list[dict]:
     with path.open("a") as f:
         for lo in range(0, len(todo), args.gen_batch):
             chunk = todo[lo: lo + args.gen_batch]
-            answers = greedy_batch(backend, chunk, args) if args.gen_batch > 1 else [greedy_one(backend, chunk[0], args)]
-            for task, answer in zip(chunk, answers):
-                done[task["key"]] = {**task, "answer": answer}
+            for task, result in zip(chunk, answer_chunk(backend, chunk, args)):
+                done[task["key"]] = {**task, **result}
                 f.write(json.dumps(done[task["key"]]) + "\n")
             f.flush()
             bar.update(len(chunk))
     bar.close()
-    return [done[t["key"]] for t in tasks]
+    records = [done[t["key"]] for t in tasks]
+    skipped = sorted({r.get("video", r["key"]) + ": " + r["error"] for r in records if "error" in r})
+    for line in skipped:
+        log.warning("skipped %s", line)
+    records = [r for r in records if "answer" in r]
+    if not records:
+        raise ValueError(f"no training example: every video failed to decode ({len(skipped)} skipped)")
+    return records
+
+
+def answer_chunk(backend: Backend, chunk: list[dict], args) -> list[dict]:
+    """{"answer": tokens} for each task, or {"error": why} where its video cannot be decoded."""
+    errors = [unreadable(task, args) for task in chunk]
+    ok = [task for task, err in zip(chunk, errors) if err is None]
+    if args.gen_batch > 1 and ok:
+        answers = iter(greedy_batch(backend, ok, args))
+    else:
+        answers = (greedy_one(backend, task, args) for task in ok)
+    return [{"error": err} if err is not None else {"answer": next(answers)} for err in errors]
 
 
 def greedy_one(backend: Backend, task: dict, args) -> list[int]:
     """The answer from the decoding loop itself (vanilla), with the EOS it stopped at."""
-    out = generate(backend, NoDrafter(), ExactVerifier(), task["prompt"], [video_for(task["seed"], args)],
+    out = generate(backend, NoDrafter(), ExactVerifier(), task["prompt"], [video_for(task, args)],
                    args.max_new_tokens)
     return out.tokens + ([end_token(backend)] if len(out.tokens) < args.max_new_tokens else [])
 
 
-@torch.no_grad()
 def greedy_batch(backend: Backend, tasks: list[dict], args) -> list[list[int]]:
     """Answers for a batch through the model's own batched greedy `generate` (left padding).
 
     Several times faster per answer than one-by-one decoding on a CPU. Each family's visual
-    inputs concatenate along dim 0 (Qwen: patches, grids, frame spacings; LLaVA-OV: videos).
+    inputs concatenate along dim 0 (Qwen: patches, grids, frame spacings; LLaVA-OV: videos),
+    which LLaVA-OV's [1, frames, 3, H, W] videos only do at equal frame counts: inputs are
+    batched in groups whose visual tensors agree beyond dim 0 (all of them for demo scenes).
     Batched and one-by-one greedy decoding can differ where two logits tie within rounding:
     either is the target's own output, which is all the training data needs.
     """
-    prepared = [backend.prepare(t["prompt"], [video_for(t["seed"], args)]) for t in tasks]
+    prepared = [backend.prepare(t["prompt"], [video_for(t, args)]) for t in tasks]
+    answers: dict[int, list[int]] = {}
+    for group in stackable_groups(prepared):
+        answers.update(zip(group, generate_stacked(backend, [prepared[i] for i in group], args)))
+    return [answers[i] for i in range(len(tasks))]
+
+
+def stackable_groups(prepared: list) -> list[list[int]]:
+    """Indices of the inputs whose model_kwargs tensors have equal shapes beyond dim 0, in order."""
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(prepared):
+        groups.setdefault(tuple((k, tuple(v.shape[1:])) for k, v in sorted(p.model_kwargs.items())), []).append(i)
+    return list(groups.values())
+
+
+@torch.no_grad()
+def generate_stacked(backend: Backend, prepared: list, args) -> list[list[int]]:
+    """Greedy answers (each up to and with its EOS) for prepared inputs that stack (see above)."""
     pad = backend.tokenizer.pad_token_id if backend.tokenizer.pad_token_id is not None else 0
     width = max(p.input_ids.shape[1] for p in prepared)
-    ids = torch.full((len(tasks), width), pad, dtype=torch.long, device=backend.device)
+    ids = torch.full((len(prepared), width), pad, dtype=torch.long, device=backend.device)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prepared):
         ids[i, width - p.input_ids.shape[1]:], mask[i, width - p.input_ids.shape[1]:] = p.input_ids[0], 1
@@ -171,7 +285,7 @@ def greedy_batch(backend: Backend, tasks: list[dict], args) -> list[list[int]]:
 @torch.no_grad()
 def extract(backend: Backend, record: dict, args, ivsb_layer: int | None) -> Example:
     """Run the target over prompt + answer; cut out what the head trains on."""
-    inputs = backend.prepare(record["prompt"], [video_for(record["seed"], args)])
+    inputs = backend.prepare(record["prompt"], [video_for(record, args)])
     layers = (FINAL,) if ivsb_layer is None else (FINAL, ivsb_layer)
     state, _ = backend.prefill(inputs, hidden_layers=layers)
     answer = torch.tensor(record["answer"], dtype=torch.long)
@@ -359,24 +473,43 @@ def _log(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def _resume(path: Path, head, opt) -> int:
+def _resume(path: Path, head, opt, args) -> int:
+    """Load the state saved in --work; ValueError if it was made with other settings."""
     state = torch.load(path, weights_only=False, map_location="cpu")
+    saved = state.get("settings", {})
+    differ = [f"{k}={saved[k]!r} (now {getattr(args, k)!r})" for k in RESUME_KEYS
+              if k in saved and saved[k] != getattr(args, k)]
+    if differ:
+        raise ValueError(f"the training state in {path.parent} was made with {', '.join(differ)}; pass --restart "
+                         "to start over, or another --work")
     head.load_state_dict(state["head"])
     opt.load_state_dict(state["opt"])
     return int(state["step"])
 
 
-def _save_state(path: Path, head, opt, step: int) -> None:
+def _save_state(path: Path, head, opt, step: int, args) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+    settings = {k: getattr(args, k) for k in RESUME_KEYS}
+    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "settings": settings}, tmp)
     tmp.replace(path)
+
+
+def start_step(ckpt: Path, head, opt, args) -> int:
+    """Where training starts: the saved state's step (automatic resume) unless --restart."""
+    if args.restart or not ckpt.exists():
+        if args.resume and not args.restart:
+            raise ValueError(f"--resume: no training state in {ckpt.parent} (it is made every --ckpt-every steps)")
+        return 0
+    return _resume(ckpt, head, opt, args)
 
 
 def setup(args) -> tuple[Backend, SparrowHead, int | None]:
     """Load the target (frozen) and a fresh head in fp32 on the target's device."""
     from ...backends.loading import load_backend
 
-    backend = load_backend(args.target, device=args.device, dtype=args.dtype)
+    backend = load_backend(args.target, device=args.device, dtype=args.dtype,
+                           attn_implementation=args.attn_implementation, min_pixels=args.min_pixels,
+                           max_pixels=args.max_pixels)
     backend.model.requires_grad_(False)
     ivsb_layer = None if args.no_ivsb else (args.ivsb_layer or backend.num_layers // 2)
     if ivsb_layer is not None and not 1 <= ivsb_layer <= backend.num_layers:
@@ -385,81 +518,152 @@ def setup(args) -> tuple[Backend, SparrowHead, int | None]:
     head = SparrowHead.for_target(backend).to(backend.device)
     head.meta = {"target": args.target, "ivsb_layer": ivsb_layer, "ivsb_drop": args.ivsb_drop,
                  "mtp_steps": args.mtp_steps, "num_captions": args.num_captions, "num_mcq": args.num_mcq}
+    if args.videos:  # what `--model lvspec` should sample to match training (fps, max_frames, pixels)
+        head.meta = {**{k: v for k, v in head.meta.items() if not k.startswith("num_")},
+                     "videos": str(args.videos), "prompts_per_video": args.prompts_per_video, "fps": args.fps,
+                     "max_frames": args.frames, "max_pixels": args.max_pixels}
     return backend, head, ivsb_layer
 
 
 def train(args) -> Path:
+    resolve_args(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     t_start = time.time()
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
+    Path(args.data).parent.mkdir(parents=True, exist_ok=True)
     backend, head, ivsb_layer = setup(args)
     records = generate_data(backend, args, Path(args.data))
     store = FeatureStore(backend, records, args, ivsb_layer)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    ckpt, log = work / "sparrow.ckpt", work / "train_sparrow.log"
-    start = _resume(ckpt, head, opt) if args.resume and ckpt.exists() else 0
-    _log(log, {"event": "start", "step": start, "args": {k: v for k, v in vars(args).items() if not callable(v)}, "examples": len(records), "time": time.time()})
-    head.train()
-    done = start
-    bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc="sparrow", mininterval=5)
-    for step in bar:
-        metrics = train_step(head, backend, store, opt, step, args)
-        if step % args.log_every == 0 or step + 1 == args.steps:
-            bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics.get('acc0', 0):.3f}")
-            _log(log, {"step": step, **metrics, "lr": lr_at(step, args), "elapsed_s": time.time() - t_start})
-        out_of_time = args.max_minutes and time.time() - t_start > 60 * args.max_minutes
-        if (step + 1) % args.ckpt_every == 0 or step + 1 == args.steps or out_of_time:
-            _save_state(ckpt, head, opt, step + 1)
-        done = step + 1
-        if out_of_time:
-            _log(log, {"event": "time limit", "step": done, "elapsed_s": time.time() - t_start})
-            break
+    ckpt, log_path = work / "sparrow.ckpt", work / "train_sparrow.log"
+    start = start_step(ckpt, head, opt, args)
+    _log(log_path, {"event": "start", "step": start, "args": {k: v for k, v in vars(args).items() if not callable(v)},
+                    "examples": len(records), "time": time.time()})
+    done = run_steps(head, backend, store, opt, start, args, ckpt, log_path, t_start)
     head.eval()
     head.meta["steps_done"] = done
     head.save(out)
-    _log(log, {"event": "saved", "out": str(out), "step": done, "elapsed_s": time.time() - t_start})
+    _log(log_path, {"event": "saved", "out": str(out), "step": done, "elapsed_s": time.time() - t_start})
     return out
+
+
+def run_steps(head, backend, store, opt, start: int, args, ckpt: Path, log_path: Path, t_start: float) -> int:
+    """Steps start..--steps (or until --max-minutes); the state is saved every --ckpt-every steps,
+    at the end and on Ctrl-C. Returns the number of steps done."""
+    head.train()
+    done = start
+    bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc="sparrow", mininterval=5)
+    try:
+        for step in bar:
+            metrics = train_step(head, backend, store, opt, step, args)
+            done = step + 1
+            if step % args.log_every == 0 or done == args.steps:
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics.get('acc0', 0):.3f}")
+                _log(log_path, {"step": step, **metrics, "lr": lr_at(step, args), "elapsed_s": time.time() - t_start})
+            out_of_time = args.max_minutes and time.time() - t_start > 60 * args.max_minutes
+            if done % args.ckpt_every == 0 or done == args.steps or out_of_time:
+                _save_state(ckpt, head, opt, done, args)
+            if out_of_time:
+                _log(log_path, {"event": "time limit", "step": done, "elapsed_s": time.time() - t_start})
+                break
+    except KeyboardInterrupt:
+        _save_state(ckpt, head, opt, done, args)
+        _log(log_path, {"event": "interrupted", "step": done, "elapsed_s": time.time() - t_start})
+        print(f"\ninterrupted: state saved at step {done} in {ckpt.parent}; run the same command again to resume")
+        raise
+    return done
+
+
+# Defaults that depend on the data source: (demo world, --videos). The video ones are what
+# `--model lvspec` samples by default (models/args.py), so the head trains on what it will see.
+def _source_defaults() -> dict:
+    from ...models.args import DEFAULT_FPS, DEFAULT_MAX_FRAMES
+
+    return {"frames": (8, DEFAULT_MAX_FRAMES), "fps": (None, DEFAULT_FPS), "max_new_tokens": (96, 256)}
+
+
+def resolve_args(args) -> None:
+    """Fill the defaults that depend on --videos and --out, then check every value."""
+    for name, (demo, videos) in _source_defaults().items():
+        if getattr(args, name) is None:
+            setattr(args, name, videos if args.videos else demo)
+    if args.out is None:
+        if args.videos or args.target != "demo":
+            raise ValueError("--out is required when training for another target or on --videos (the default "
+                             "is the shipped demo head)")
+        args.out = str(DEMO_HEAD)
+    if args.work is None:  # with --videos, beside the head, so rerunning the command resumes
+        args.work = str(Path(args.out) / "train") if args.videos else str(Path(".cache/sparrow") / Path(args.out).name)
+    if args.data is None:
+        args.data = str(default_data_path(args))
+    check_args(args)
+
+
+def default_data_path(args) -> Path:
+    """The target's answers: one file per target and sampling setting."""
+    tag = "demo" if args.target == "demo" else Path(args.target).name
+    if args.videos:
+        return Path(args.work) / f"answers_{tag}_f{args.frames}_fps{args.fps:g}_m{args.max_new_tokens}.jsonl"
+    return Path(".cache/sparrow") / f"data_{tag}_f{args.frames}_s{args.size}_o{args.seed_offset}_m{args.max_new_tokens}.jsonl"
 
 
 def check_args(args) -> None:
     """Reject values that would only fail (or silently do nothing) later."""
-    for name in ("steps", "batch_size", "grad_accum", "frames", "size", "max_new_tokens", "gen_batch"):
+    for name in ("steps", "batch_size", "grad_accum", "frames", "size", "max_new_tokens", "gen_batch", "ckpt_every",
+                 "log_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.mtp_steps < 0:
         raise ValueError(f"--mtp-steps must be >= 0, got {args.mtp_steps}")
     if not 0.0 <= args.ivsb_drop <= 1.0:
         raise ValueError(f"--ivsb-drop is a share of examples in [0, 1], got {args.ivsb_drop}")
-    if args.num_captions + args.num_mcq < 1:
+    if args.videos:
+        if not 1 <= args.prompts_per_video <= len(VIDEO_PROMPTS):
+            raise ValueError(f"--prompts-per-video must be in 1..{len(VIDEO_PROMPTS)}, got {args.prompts_per_video}")
+        if args.fps <= 0:
+            raise ValueError(f"--fps must be positive, got {args.fps}")
+    elif args.num_captions + args.num_mcq < 1:
         raise ValueError("--num-captions + --num-mcq must be at least 1")
+    if args.resume and args.restart:
+        raise ValueError("--resume and --restart contradict each other; pass one")
 
 
 def _run(args: argparse.Namespace) -> int:
-    check_args(args)
-    if args.work is None:
-        args.work = str(Path(".cache/sparrow") / Path(args.out).name)
-    if args.data is None:
-        tag = "demo" if args.target == "demo" else Path(args.target).name
-        args.data = str(Path(".cache/sparrow") / f"data_{tag}_f{args.frames}_s{args.size}_o{args.seed_offset}"
-                        f"_m{args.max_new_tokens}.jsonl")
-    Path(args.data).parent.mkdir(parents=True, exist_ok=True)
     out = train(args)
     print(f"Sparrow head saved to {out}; log in {Path(args.work) / 'train_sparrow.log'}")
+    if args.videos:
+        print(f"Use it with method=sparrow,sparrow_head={out},fps={args.fps:g},max_frames={args.frames}; "
+              f"{args.work} (answers, optimiser state) can be deleted once training is done")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train-sparrow", help="train a Sparrow draft head for a target (demo: ~10 min on 2 CPU cores)")
+    from ...models.args import ATTN_IMPLEMENTATIONS
+
+    p = sub.add_parser("train-sparrow", help="train a Sparrow draft head for a target, on the demo world or on a "
+                       "folder of your videos (demo: ~10 min on 2 CPU cores)")
     p.add_argument("--target", default="demo", help="target: local folder, hub id, or `demo`")
-    p.add_argument("--out", default=str(DEMO_HEAD), help="where the head goes (default: the demo's)")
-    p.add_argument("--work", default=None, help="log + resumable state (default .cache/sparrow/<out name>)")
-    p.add_argument("--data", default=None, help="JSONL cache of the target's answers (default under .cache/sparrow)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--videos", default=None, help="folder of your own videos (searched recursively; mp4, mkv, "
+                   "webm, avi, mov, ...): train on the target's answers about them instead of the demo world")
+    p.add_argument("--prompts-per-video", type=int, default=len(VIDEO_PROMPTS),
+                   help=f"with --videos: ask each video the first N of the {len(VIDEO_PROMPTS)} fixed prompts")
+    p.add_argument("--out", default=None, help="where the head goes (default: the demo's; required otherwise)")
+    p.add_argument("--work", default=None, help="log + resumable state (default: <out>/train with --videos, "
+                   "else .cache/sparrow/<out name>)")
+    p.add_argument("--data", default=None, help="JSONL cache of the target's answers (default: in --work with "
+                   "--videos, else under .cache/sparrow)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", help="the target's dtype; the head trains in fp32")
+    p.add_argument("--attn-implementation", default="sdpa", choices=ATTN_IMPLEMENTATIONS)
+    p.add_argument("--min-pixels", type=int, default=None, help="per-frame pixel budget (Qwen2.5-VL), as the "
+                   "model_arg of the same name; use the values you evaluate with")
+    p.add_argument("--max-pixels", type=int, default=None)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--resume", action="store_true", help="continue from the state in --work")
+    p.add_argument("--resume", action="store_true", help="require a state to continue from (a rerun resumes from "
+                   "--work by itself when one is there)")
+    p.add_argument("--restart", action="store_true", help="ignore the state in --work and start over")
     p.add_argument("--no-ivsb", action="store_true", help="train without the visual prefix (ablation)")
     p.add_argument("--ivsb-layer", type=int, default=None, help="target layer (1-based) whose visual hidden "
                    "states form the prefix (default: half the target's depth)")
@@ -467,12 +671,15 @@ def register(sub) -> None:
     p.add_argument("--mtp-steps", type=int, default=2, help="extra passes on the head's own hidden states")
     p.add_argument("--mtp-decay", type=float, default=0.8, help="loss weight of pass k is decay**k")
     p.add_argument("--reg-weight", type=float, default=1.0, help="weight of the smooth-L1 hidden-state loss")
-    p.add_argument("--num-captions", type=int, default=800, help="caption examples (scenes) to generate")
-    p.add_argument("--num-mcq", type=int, default=150, help="multiple-choice examples to generate")
-    p.add_argument("--seed-offset", type=int, default=300_000, help="first training-split scene seed used")
-    p.add_argument("--frames", type=int, default=8)
-    p.add_argument("--size", type=int, default=112, help="frame side in pixels")
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--num-captions", type=int, default=800, help="demo: caption examples (scenes) to generate")
+    p.add_argument("--num-mcq", type=int, default=150, help="demo: multiple-choice examples to generate")
+    p.add_argument("--seed-offset", type=int, default=300_000, help="demo: first training-split scene seed used")
+    p.add_argument("--frames", type=int, default=None, help="frames per video (demo: 8; --videos: at most this "
+                   "many, default 32 as `--model lvspec`)")
+    p.add_argument("--fps", type=float, default=None, help="--videos: frames sampled per second (default 2, as "
+                   "`--model lvspec`)")
+    p.add_argument("--size", type=int, default=112, help="demo: frame side in pixels")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="answer length limit (demo 96, --videos 256)")
     p.add_argument("--gen-batch", type=int, default=32, help="answers generated per batched `generate` call "
                    "(1: one by one through the decoding loop)")
     p.add_argument("--steps", type=int, default=900, help="optimiser steps")
@@ -483,6 +690,6 @@ def register(sub) -> None:
     p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
     p.add_argument("--feature-cache-mb", type=int, default=2048, help="memory for the target's features")
     p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--ckpt-every", type=int, default=100)
+    p.add_argument("--ckpt-every", type=int, default=100, help="save the resumable state every N steps")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run)
