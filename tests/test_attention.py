@@ -200,3 +200,26 @@ def test_eager_runs_every_method_and_matches_sdpa(sdpa_tokens, video):
     target = load_backend("demo", attn_implementation="eager")
     draft = load_backend("demo-draft", attn_implementation="eager")
     assert _run_all(target, draft, video) == sdpa_tokens
+
+
+@pytest.mark.parametrize("method", ["sd_tree", "specvlm"])
+def test_flash_attention_2_dispatch_on_tiny_gqa_models_of_both_families(method, family, make_case, fake_flash):
+    """The same on random tiny Qwen2.5-VL and LLaVA-OneVision pairs (GQA), tree drafts and the
+    two-part SpecVLM prefill included."""
+    from lvspec_eval.decoding import loop, methods
+
+    def decode():
+        spec = methods.resolve(method)
+        drafter, verifier = methods.build(spec, methods.make_options(spec, {}), family.draft, family.target)
+        return loop.generate(family.target, drafter, verifier, case.prompt, case.videos, 16).tokens
+
+    case = make_case(7, family.max_side)
+    expected = decode()
+    try:
+        for backend in (family.target, family.draft):
+            attention.install(backend.model, "flash_attention_2")
+        assert decode() == expected
+    finally:
+        for backend in (family.target, family.draft):
+            attention.install(backend.model, "sdpa")
+    assert fake_flash.calls > 0 and fake_flash.masked_calls == 0
