@@ -141,11 +141,12 @@ class VideoPixels:
     pixel_values: torch.Tensor  # [num_patches, 3 * temporal_patch * patch * patch]
     grid_thw: torch.Tensor  # [1, 3] (t, h, w) in patches
     second_per_grid: float  # seconds spanned by one temporal patch
+    merge_size: int = 2  # the merger joins merge_size x merge_size patches into one token
 
     @property
     def num_visual_tokens(self) -> int:
         t, h, w = self.grid_thw[0].tolist()
-        return t * h * w // 4
+        return t * h * w // self.merge_size ** 2
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: float, max_pixels: float) -> tuple[int, int]:
@@ -203,6 +204,7 @@ def preprocess_video(frames: np.ndarray, fps: float, cfg: VisionPreprocessConfig
         pixel_values=torch.from_numpy(patches),
         grid_thw=torch.tensor([grid], dtype=torch.long),
         second_per_grid=cfg.temporal_patch_size / fps,
+        merge_size=cfg.merge_size,
     )
 
 
