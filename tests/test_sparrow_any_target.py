@@ -1,8 +1,8 @@
 """Sparrow for any target: `lvspec-eval train-sparrow --target <folder> --videos <dir>` (issue 17).
 
 End to end on the CPU: a tiny random Qwen2.5-VL target saved as a checkpoint folder, three real
-mp4 files written with PyAV (different sizes, lengths and rates), a broken file and a file that
-is not a video. The command generates the target's own answers (self-distillation), trains a head
+video files written with PyAV (different sizes, lengths and rates), a broken file and a file that
+is not a video, under the video rule a real checkpoint gets by default (`lmms_eval`). The command generates the target's own answers (self-distillation), trains a head
 for a few steps, and the head then drives `method=sparrow` through the Runner token-identically to
 vanilla. A run interrupted after k steps resumes from its saved state without regenerating the
 answers and ends where an uninterrupted run ends, bit for bit.
@@ -19,12 +19,13 @@ import pytest
 import torch
 
 from lvspec_eval import cli
+from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.decoding.drafters import sparrow_train
 from lvspec_eval.decoding.drafters.sparrow import HEAD_WEIGHTS, SparrowHead
 from lvspec_eval.models.video import load_video
 from lvspec_eval.runner import Runner
 
-# (name, frames, fps, height, width): lengths 2.5 s, 3 s and 1.2 s; sampled at 2 fps, capped at 4 frames.
+# (name, frames, fps, height, width): lengths 2.5 s, 3 s and 1.2 s.
 VIDEOS = (("street/a.mp4", 10, 4.0, 48, 64), ("b.mp4", 6, 2.0, 56, 80), ("c.MOV", 7, 6.0, 48, 48))
 STEPS, KILL_AT = 8, 5
 MAX_NEW = 12
@@ -76,6 +77,16 @@ def _answers(out: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
+def lmms_rule_target(qwen_family):
+    """The tiny target as `--model lvspec` loads a real checkpoint: video_rule=lmms_eval."""
+    return load_backend(str(qwen_family.target.model.name_or_path), video_rule="lmms_eval")
+
+
+def _video(backend, path: Path):
+    return load_video(path, plan=backend.frame_plan(None, 4))  # the rule's frames, max_frames=4 as trained
+
+
+@pytest.fixture(scope="module")
 def trained(qwen_family, video_dir, tmp_path_factory) -> Path:
     """One uninterrupted run of the command; returns the head's folder."""
     out = tmp_path_factory.mktemp("heads") / "qwen_tiny"
@@ -83,7 +94,7 @@ def trained(qwen_family, video_dir, tmp_path_factory) -> Path:
     return out
 
 
-def test_trains_on_the_targets_own_answers(trained, qwen_family, video_dir):
+def test_trains_on_the_targets_own_answers(trained, lmms_rule_target, video_dir):
     records = _answers(trained)
     good = [r for r in records if "answer" in r]
     assert sorted({r["video"] for r in good}) == sorted(name for name, *_ in VIDEOS)
@@ -92,27 +103,30 @@ def test_trains_on_the_targets_own_answers(trained, qwen_family, video_dir):
     assert len(bad) == 3 and all(r["video"] == "broken.mp4" and "broken.mp4" in r["error"] for r in bad)
     assert not any("notes" in r["key"] for r in records)
     # Self-distillation: each answer is the target's greedy output (the loop's vanilla tokens + EOS).
-    runner = Runner(str(qwen_family.target.model.name_or_path), target_backend=qwen_family.target)
-    eos = sparrow_train.end_token(qwen_family.target)
+    target = lmms_rule_target
+    runner = Runner(str(target.model.name_or_path), video_rule="lmms_eval", target_backend=target)
+    eos = sparrow_train.end_token(target)
     for r in good[::3]:
-        video = load_video(video_dir / r["video"], 2.0, 4)
+        video = _video(target, video_dir / r["video"])
+        assert len(video.frames) == 4  # lmms_eval's Qwen2.5-VL rule: min(max_frames, N), even
         tokens = runner.generate(r["prompt"], [video], MAX_NEW).tokens
         assert r["answer"] == tokens + ([eos] if len(tokens) < MAX_NEW else []), r["key"]
     log = _log(trained)
     losses = [r["loss"] for r in log if "loss" in r]
     assert len(losses) == STEPS and np.mean(losses[-3:]) < np.mean(losses[:3])
-    head = SparrowHead.load(trained, qwen_family.target)
-    assert head.meta["steps_done"] == STEPS and head.meta["max_frames"] == 4 and head.meta["fps"] == 2.0
+    head = SparrowHead.load(trained, target)
+    assert head.meta["steps_done"] == STEPS
+    assert (head.meta["video_rule"], head.meta["max_frames"], head.meta["fps"]) == ("lmms_eval", 4, None)
 
 
-def test_trained_head_drives_sparrow_token_identically_to_vanilla(trained, qwen_family, video_dir):
-    target = str(qwen_family.target.model.name_or_path)
-    vanilla = Runner(target, method="vanilla", target_backend=qwen_family.target)
-    sparrow = Runner(target, method="sparrow", options={"sparrow_head": str(trained)},
-                     target_backend=qwen_family.target)
+def test_trained_head_drives_sparrow_token_identically_to_vanilla(trained, lmms_rule_target, video_dir):
+    target = str(lmms_rule_target.model.name_or_path)
+    vanilla = Runner(target, method="vanilla", video_rule="lmms_eval", target_backend=lmms_rule_target)
+    sparrow = Runner(target, method="sparrow", options={"sparrow_head": str(trained)}, video_rule="lmms_eval",
+                     target_backend=lmms_rule_target)
     prompts = (sparrow_train.VIDEO_PROMPTS[0], "which object appears first")  # seen in training, and not
     for name, *_ in VIDEOS:
-        video = load_video(video_dir / name, 2.0, 4)
+        video = _video(lmms_rule_target, video_dir / name)
         for prompt in prompts:
             ref = vanilla.generate(prompt, [video], 24)
             out = sparrow.generate(prompt, [video], 24)
@@ -157,8 +171,10 @@ def test_interrupted_run_resumes_without_regenerating(trained, qwen_family, vide
 
 
 def test_batched_answers_on_videos_of_different_shapes_match_the_loop(family, video_dir, tmp_path):
-    """LLaVA-OV's videos only stack at equal frame counts: batches are split by shape, not refused."""
-    args = _args(video_dir, tmp_path)
+    """LLaVA-OV's videos only stack at equal frame counts (under rule fps they differ here): batches
+    are split by shape, not refused."""
+    args = _args(video_dir, tmp_path, "--video-rule", "fps")
+    sparrow_train.attach_frame_plan(args, family.target)  # the fixture's targets are loaded with rule fps
     tasks = sparrow_train.task_list(args)
     assert [t["video"] for t in tasks] == sorted([name for name, *_ in VIDEOS] + ["broken.mp4"])
     readable = [t for t in tasks if sparrow_train.unreadable(t, args) is None]
@@ -188,5 +204,9 @@ def test_bad_arguments_are_refused_by_name(video_dir, tmp_path):
         sparrow_train.task_list(_args(tmp_path, tmp_path))
     with pytest.raises(ValueError, match="--resume and --restart"):
         _args(video_dir, tmp_path, "--resume", "--restart")
-    args = _args(video_dir, tmp_path)
-    assert (args.work, args.fps, args.frames) == (str(tmp_path / "head" / "train"), 2.0, 4)
+    args = _args(video_dir, tmp_path)  # a real checkpoint: `--model lvspec`'s defaults for it
+    assert (args.work, args.video_rule, args.fps, args.frames) == (str(tmp_path / "head" / "train"), "lmms_eval",
+                                                                   None, 4)
+    demo = cli.build_parser().parse_args(["train-sparrow", "--videos", str(video_dir), "--out", str(tmp_path)])
+    sparrow_train.resolve_args(demo)
+    assert (demo.video_rule, demo.fps, demo.frames, demo.max_new_tokens) == ("fps", 2.0, 32, 256)

@@ -5,10 +5,12 @@ cached as JSON lines, so a rerun resumes where generation stopped. The head lear
 target says, not what a ground truth says. Two sources of videos and prompts:
 - the demo world (default): caption and multiple-choice prompts about rendered scenes from the
   training seed range; this is how the shipped demo heads are made;
-- `--videos DIR`, any target: every video file under DIR (any common container, decoded with the
-  lmms-eval model's own loader at --fps, at most --frames frames, as `--model lvspec` samples
-  them), each asked the fixed describe/caption/question prompts of VIDEO_PROMPTS. A file that
-  cannot be decoded is recorded as skipped (with its reason) and left out.
+- `--videos DIR`, any target: every video file under DIR (any common container), decoded by the
+  lmms-eval model's own loader with the frames and pixels `--model lvspec` gives that target under
+  the same --video-rule / --fps / --frames / --min-pixels / --max-pixels (default: its default,
+  the `lmms_eval` rule for a real checkpoint), each asked the fixed describe/caption/question
+  prompts of VIDEO_PROMPTS. A file that cannot be decoded is recorded as skipped (with its
+  reason) and left out.
 
 Features: for each example the target runs once over prompt + answer through its backend (so
 Qwen2.5-VL and LLaVA-OneVision both work), giving its final hidden state at every position and,
@@ -91,7 +93,8 @@ VIDEO_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v", ".mpg", ".m
                     ".ts", ".gif")
 # Settings a resumed state must share with the run that made it (the data and the training setup).
 RESUME_KEYS = ("target", "videos", "prompts_per_video", "num_captions", "num_mcq", "seed_offset", "frames", "fps",
-               "size", "max_new_tokens", "no_ivsb", "ivsb_layer", "mtp_steps", "batch_size", "grad_accum", "seed")
+               "video_rule", "min_pixels", "max_pixels", "size", "max_new_tokens", "no_ivsb", "ivsb_layer",
+               "mtp_steps", "batch_size", "grad_accum", "seed")
 
 
 @dataclass
@@ -153,18 +156,24 @@ def demo_tasks(args) -> list[dict]:
 def video_for(task: dict, args) -> tuple[np.ndarray, float]:
     """(frames uint8 [T, H, W, 3], fps) of a task: its user video file, or its rendered demo scene."""
     if "video" in task:
-        return _decoded(str(Path(args.videos) / task["video"]), args.fps, args.frames)
+        return _decoded(str(Path(args.videos) / task["video"]), args.frame_plan)
     from ...demo import models, world
 
     return world.render(world.make_scene(task["seed"]), args.frames, args.size, args.size), models.FPS
 
 
 @functools.lru_cache(maxsize=4)  # a video's prompts come one after another
-def _decoded(path: str, fps: float, max_frames: int) -> tuple[np.ndarray, float]:
+def _decoded(path: str, plan) -> tuple[np.ndarray, float]:
     from ...models.video import load_video
 
-    video = load_video(path, fps, max_frames)
+    video = load_video(path, plan=plan)
     return video.frames, video.fps
+
+
+def attach_frame_plan(args, backend: Backend) -> None:
+    """args.frame_plan: which frames a user video gives this target under --video-rule (as
+    `--model lvspec` computes it); ValueError for an fps / frames the rule cannot take."""
+    args.frame_plan = backend.frame_plan(args.fps, args.frames) if args.videos else None
 
 
 def unreadable(task: dict, args) -> str | None:
@@ -509,8 +518,9 @@ def setup(args) -> tuple[Backend, SparrowHead, int | None]:
 
     backend = load_backend(args.target, device=args.device, dtype=args.dtype,
                            attn_implementation=args.attn_implementation, min_pixels=args.min_pixels,
-                           max_pixels=args.max_pixels)
+                           max_pixels=args.max_pixels, video_rule=args.video_rule)
     backend.model.requires_grad_(False)
+    attach_frame_plan(args, backend)
     ivsb_layer = None if args.no_ivsb else (args.ivsb_layer or backend.num_layers // 2)
     if ivsb_layer is not None and not 1 <= ivsb_layer <= backend.num_layers:
         raise ValueError(f"--ivsb-layer {ivsb_layer} is outside the target's layers 1..{backend.num_layers}")
@@ -518,10 +528,11 @@ def setup(args) -> tuple[Backend, SparrowHead, int | None]:
     head = SparrowHead.for_target(backend).to(backend.device)
     head.meta = {"target": args.target, "ivsb_layer": ivsb_layer, "ivsb_drop": args.ivsb_drop,
                  "mtp_steps": args.mtp_steps, "num_captions": args.num_captions, "num_mcq": args.num_mcq}
-    if args.videos:  # what `--model lvspec` should sample to match training (fps, max_frames, pixels)
+    if args.videos:  # the model_args under which `--model lvspec` sees what the head was trained on
         head.meta = {**{k: v for k, v in head.meta.items() if not k.startswith("num_")},
-                     "videos": str(args.videos), "prompts_per_video": args.prompts_per_video, "fps": args.fps,
-                     "max_frames": args.frames, "max_pixels": args.max_pixels}
+                     "videos": str(args.videos), "prompts_per_video": args.prompts_per_video,
+                     "video_rule": args.video_rule, "fps": args.fps, "max_frames": args.frames,
+                     "min_pixels": args.min_pixels, "max_pixels": args.max_pixels, "frames": args.frame_plan.describe}
     return backend, head, ivsb_layer
 
 
@@ -539,8 +550,8 @@ def train(args) -> Path:
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     ckpt, log_path = work / "sparrow.ckpt", work / "train_sparrow.log"
     start = start_step(ckpt, head, opt, args)
-    _log(log_path, {"event": "start", "step": start, "args": {k: v for k, v in vars(args).items() if not callable(v)},
-                    "examples": len(records), "time": time.time()})
+    settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}
+    _log(log_path, {"event": "start", "step": start, "args": settings, "examples": len(records), "time": time.time()})
     done = run_steps(head, backend, store, opt, start, args, ckpt, log_path, t_start)
     head.eval()
     head.meta["steps_done"] = done
@@ -576,19 +587,25 @@ def run_steps(head, backend, store, opt, start: int, args, ckpt: Path, log_path:
     return done
 
 
-# Defaults that depend on the data source: (demo world, --videos). The video ones are what
-# `--model lvspec` samples by default (models/args.py), so the head trains on what it will see.
-def _source_defaults() -> dict:
+def source_defaults(args) -> dict:
+    """Defaults that depend on the data source. With --videos they are `--model lvspec`'s
+    (ModelArgs.fill_defaults: rule `fps` for the demo, `lmms_eval` with its own frame count for a
+    real checkpoint), so the head trains on the inputs it will draft for."""
+    from ...backends.loading import DEMO_NAMES
     from ...models.args import DEFAULT_FPS, DEFAULT_MAX_FRAMES
 
-    return {"frames": (8, DEFAULT_MAX_FRAMES), "fps": (None, DEFAULT_FPS), "max_new_tokens": (96, 256)}
+    if not args.videos:  # the demo world's rendered scenes (the target's own pixel limits)
+        return {"video_rule": "fps", "frames": 8, "max_new_tokens": 96}
+    rule = args.video_rule or ("fps" if args.target in DEMO_NAMES else "lmms_eval")
+    frames = {"fps": DEFAULT_FPS, "frames": DEFAULT_MAX_FRAMES} if rule == "fps" else {}
+    return {"video_rule": rule, **frames, "max_new_tokens": 256}
 
 
 def resolve_args(args) -> None:
     """Fill the defaults that depend on --videos and --out, then check every value."""
-    for name, (demo, videos) in _source_defaults().items():
+    for name, value in source_defaults(args).items():
         if getattr(args, name) is None:
-            setattr(args, name, videos if args.videos else demo)
+            setattr(args, name, value)
     if args.out is None:
         if args.videos or args.target != "demo":
             raise ValueError("--out is required when training for another target or on --videos (the default "
@@ -605,7 +622,9 @@ def default_data_path(args) -> Path:
     """The target's answers: one file per target and sampling setting."""
     tag = "demo" if args.target == "demo" else Path(args.target).name
     if args.videos:
-        return Path(args.work) / f"answers_{tag}_f{args.frames}_fps{args.fps:g}_m{args.max_new_tokens}.jsonl"
+        pixels = f"_px{args.min_pixels}-{args.max_pixels}" if args.min_pixels or args.max_pixels else ""
+        return Path(args.work) / (f"answers_{tag}_{args.video_rule}_f{args.frames}_fps{args.fps}{pixels}"
+                                  f"_m{args.max_new_tokens}.jsonl")
     return Path(".cache/sparrow") / f"data_{tag}_f{args.frames}_s{args.size}_o{args.seed_offset}_m{args.max_new_tokens}.jsonl"
 
 
@@ -613,7 +632,7 @@ def check_args(args) -> None:
     """Reject values that would only fail (or silently do nothing) later."""
     for name in ("steps", "batch_size", "grad_accum", "frames", "size", "max_new_tokens", "gen_batch", "ckpt_every",
                  "log_every"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.mtp_steps < 0:
         raise ValueError(f"--mtp-steps must be >= 0, got {args.mtp_steps}")
@@ -622,7 +641,7 @@ def check_args(args) -> None:
     if args.videos:
         if not 1 <= args.prompts_per_video <= len(VIDEO_PROMPTS):
             raise ValueError(f"--prompts-per-video must be in 1..{len(VIDEO_PROMPTS)}, got {args.prompts_per_video}")
-        if args.fps <= 0:
+        if args.fps is not None and args.fps <= 0:
             raise ValueError(f"--fps must be positive, got {args.fps}")
     elif args.num_captions + args.num_mcq < 1:
         raise ValueError("--num-captions + --num-mcq must be at least 1")
@@ -634,12 +653,16 @@ def _run(args: argparse.Namespace) -> int:
     out = train(args)
     print(f"Sparrow head saved to {out}; log in {Path(args.work) / 'train_sparrow.log'}")
     if args.videos:
-        print(f"Use it with method=sparrow,sparrow_head={out},fps={args.fps:g},max_frames={args.frames}; "
+        same = ",".join(f"{k}={v}" for k, v in (("video_rule", args.video_rule), ("fps", args.fps),
+                                                 ("max_frames", args.frames), ("min_pixels", args.min_pixels),
+                                                 ("max_pixels", args.max_pixels)) if v is not None)
+        print(f"Use it with --model_args pretrained={args.target},method=sparrow,sparrow_head={out},{same}; "
               f"{args.work} (answers, optimiser state) can be deleted once training is done")
     return 0
 
 
 def register(sub) -> None:
+    from ...backends.frame_rules import VIDEO_RULES
     from ...models.args import ATTN_IMPLEMENTATIONS
 
     p = sub.add_parser("train-sparrow", help="train a Sparrow draft head for a target, on the demo world or on a "
@@ -674,10 +697,12 @@ def register(sub) -> None:
     p.add_argument("--num-captions", type=int, default=800, help="demo: caption examples (scenes) to generate")
     p.add_argument("--num-mcq", type=int, default=150, help="demo: multiple-choice examples to generate")
     p.add_argument("--seed-offset", type=int, default=300_000, help="demo: first training-split scene seed used")
-    p.add_argument("--frames", type=int, default=None, help="frames per video (demo: 8; --videos: at most this "
-                   "many, default 32 as `--model lvspec`)")
-    p.add_argument("--fps", type=float, default=None, help="--videos: frames sampled per second (default 2, as "
-                   "`--model lvspec`)")
+    p.add_argument("--video-rule", default=None, choices=VIDEO_RULES, help="--videos: how frames are taken "
+                   "and sized, as the model_arg video_rule (default: `--model lvspec`'s for this target)")
+    p.add_argument("--frames", type=int, default=None, help="demo: frames per scene (8); --videos: max_frames, "
+                   "as the model_arg (default: the video rule's)")
+    p.add_argument("--fps", type=float, default=None, help="--videos: as the model_arg fps (default: the "
+                   "video rule's)")
     p.add_argument("--size", type=int, default=112, help="demo: frame side in pixels")
     p.add_argument("--max-new-tokens", type=int, default=None, help="answer length limit (demo 96, --videos 256)")
     p.add_argument("--gen-batch", type=int, default=32, help="answers generated per batched `generate` call "
