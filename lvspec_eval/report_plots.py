@@ -9,6 +9,7 @@ renders with Agg and never touches pyplot's global state or needs a display.
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,29 @@ class Plot:
 
 PlotHook = Callable[[PlotInput], list[Plot]]
 
+# One colour and one marker per method, in every plot of every report: a method looks the same
+# whichever methods a run includes. Every hook draws a method through method_style.
+METHOD_STYLES: dict[str, dict[str, str]] = {
+    "vanilla": {"color": "#555555", "marker": "o"},
+    "sd_tree": {"color": "#1f77b4", "marker": "s"},
+    "specvlm": {"color": "#ff7f0e", "marker": "^"},
+    "sparrow": {"color": "#2ca02c", "marker": "D"},
+    "fly": {"color": "#d62728", "marker": "v"},
+    "lvspec": {"color": "#9467bd", "marker": "*"},
+}
+# Methods without an entry (custom:<drafter>+<verifier>, a new method): a colour and a marker
+# picked from the name's checksum, so they too stay the same from plot to plot and run to run.
+EXTRA_COLORS = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79", "#637939", "#843c39")
+EXTRA_MARKERS = ("P", "X", "h", "<", ">", "p")
+
+
+def method_style(method: str) -> dict[str, str]:
+    """{"color", "marker"} of `method` (METHOD_STYLES, else fixed by the name)."""
+    if method in METHOD_STYLES:
+        return dict(METHOD_STYLES[method])
+    key = zlib.crc32(method.encode("utf-8"))
+    return {"color": EXTRA_COLORS[key % len(EXTRA_COLORS)], "marker": EXTRA_MARKERS[key % len(EXTRA_MARKERS)]}
+
 
 def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
@@ -58,17 +82,78 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i])
 
 
+def pareto_staircase(front: list[tuple[float, float]], left: float, bottom: float) -> list[tuple[float, float]]:
+    """The edge of the region the front dominates (both larger is better), from the left edge of
+    the axes to its bottom: `front` ordered by the first coordinate, as pareto_front orders it.
+    A front of one point is a corner, not a line of zero length."""
+    out = [(left, front[0][1])]
+    for k, (x, y) in enumerate(front):
+        below = front[k + 1][1] if k + 1 < len(front) else bottom
+        out += [(x, y), (x, below)]
+    return out
+
+
+LABEL_GAP = 0.075  # axes fraction between two stacked point labels (8 pt text in a ~300 px panel)
+
+
+def spread(values: list[float], gap: float = LABEL_GAP, low: float = 0.03, high: float = 0.97) -> list[float]:
+    """Label heights (axes fraction) as close to `values` (ascending) as they can be while at least
+    `gap` apart, kept inside [low, high] when they fit."""
+    out: list[float] = []
+    for v in values:
+        out.append(max(v, low, out[-1] + gap) if out else max(v, low))
+    if out and out[-1] > high:
+        out[-1] = high
+        for k in range(len(out) - 2, -1, -1):
+            out[k] = min(out[k], out[k + 1] - gap)
+    return out
+
+
+def _fraction(value: float, lim: tuple[float, float]) -> float:
+    return (value - lim[0]) / (lim[1] - lim[0])
+
+
+def _label_points(ax, names: list[str], points: list[tuple[float, float]]) -> None:
+    """Name every point in its method's colour. Labels go beside their points (left of points in
+    the right part of the panel), stacked apart where points crowd, joined by a leader line."""
+    xlim, ylim = ax.get_xlim(), ax.get_ylim()
+    placed = [(_fraction(x, xlim), _fraction(y, ylim), name, (x, y)) for name, (x, y) in zip(names, points)]
+    for left_side in (False, True):
+        side = sorted((p for p in placed if (p[0] > 0.6) == left_side), key=lambda p: p[1])
+        for (fx, _, name, xy), fy in zip(side, spread([p[1] for p in side])):
+            ax.annotate(name, xy, xytext=(fx - 0.05 if left_side else fx + 0.05, fy), textcoords="axes fraction",
+                        ha="right" if left_side else "left", va="center", fontsize=8,
+                        color=method_style(name)["color"], bbox={"boxstyle": "square,pad=0.1", "fc": "white",
+                                                                  "ec": "none", "alpha": 0.85},
+                        arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.6, "shrinkA": 1, "shrinkB": 4})
+
+
+def _draw_front(ax, points: list[tuple[float, float]]) -> None:
+    """The Pareto front as the staircase edge of the region it dominates, its points ringed."""
+    xlim, ylim = ax.get_xlim(), ax.get_ylim()
+    front = [points[i] for i in pareto_front(points)]
+    if not front:
+        return
+    ax.plot(*zip(*pareto_staircase(front, xlim[0], ylim[0])), "--", color="grey", lw=1, zorder=1,
+            label="Pareto front")
+    ax.scatter(*zip(*front), s=220, facecolors="none", edgecolors="grey", lw=1, zorder=1)
+    ax.set_xlim(xlim)
+    ax.set_ylim(ylim)
+    ax.legend(fontsize=8, loc="lower left")
+
+
 def _speedup_retention_axes(ax, rows: list[dict], task: str) -> None:
     rows = [r for r in rows if r["retention"] is not None and r["decode_speedup"] is not None]
     points = [(r["retention"], r["decode_speedup"]) for r in rows]
     for r, (x, y) in zip(rows, points):
         lo, hi = r["retention_ci"] if r["retention_ci"][0] is not None else (x, x)
-        ax.errorbar(x, y, xerr=[[max(x - lo, 0.0)], [max(hi - x, 0.0)]], fmt="o", capsize=3)
-        ax.annotate(r["method"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    front = [points[i] for i in pareto_front(points)]
-    if front:
-        ax.plot(*zip(*front), "--", color="grey", label="Pareto front")
-        ax.legend(fontsize=8)
+        style = method_style(r["method"])
+        ax.errorbar(x, y, xerr=[[max(x - lo, 0.0)], [max(hi - x, 0.0)]], fmt=style["marker"], color=style["color"],
+                    markersize=7, capsize=3, zorder=3)
+    ax.margins(x=0.12, y=0.12)
+    ax.autoscale_view()
+    _draw_front(ax, points)
+    _label_points(ax, [r["method"] for r in rows], points)
     ax.set_title(task)
     ax.set_xlabel("quality retention")
     ax.set_ylabel("decode speedup (x)")
@@ -90,7 +175,8 @@ def speedup_vs_retention(data: PlotInput) -> list[Plot]:
         Plot(
             "speedup_vs_retention",
             path,
-            "Decode speedup against quality retention (bars: BCa interval); dashed: Pareto front.",
+            "Decode speedup against quality retention (bars: BCa interval); dashed: the Pareto front (ringed "
+            "points), the edge of the region it dominates.",
         )
     ]
 
@@ -120,10 +206,15 @@ def tau_distribution(data: PlotInput) -> list[Plot]:
         return []
     fig = Figure(figsize=(1.6 * len(accepted) + 3, 4))
     ax = fig.add_subplot(1, 1, 1)
-    ax.boxplot(list(accepted.values()), showmeans=True)
+    boxes = ax.boxplot(list(accepted.values()), patch_artist=True, medianprops={"color": "black"})
+    for k, (method, values) in enumerate(accepted.items()):
+        style = method_style(method)
+        boxes["boxes"][k].set(facecolor=style["color"], alpha=0.35, edgecolor=style["color"])
+        ax.plot(k + 1, float(np.mean(values)), style["marker"], color=style["color"], markersize=9,
+                markeredgecolor="black", zorder=3)
     ax.set_xticks(range(1, len(accepted) + 1), list(accepted), rotation=20)
     ax.set_ylabel("draft tokens accepted per step")
-    ax.set_title("Accepted length per step (triangle: mean = tau)")
+    ax.set_title("Accepted length per step (marker: mean = tau; line: median)")
     path = _save(fig, data.out_dir / "tau_distribution.png")
     return [Plot("tau_distribution", path, "Distribution of accepted draft tokens per step (bonus token excluded).")]
 
@@ -183,7 +274,7 @@ def speedup_vs_visual_tokens(data: PlotInput) -> list[Plot]:
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot(1, 1, 1)
     for method, curve in curves.items():
-        ax.plot([c[0] for c in curve], [c[1] for c in curve], "o-", label=method)
+        ax.plot([c[0] for c in curve], [c[1] for c in curve], "-", label=method, **method_style(method))
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log")
     xs = sorted({c[0] for curve in curves.values() for c in curve})
@@ -222,14 +313,20 @@ def token_records(rec: dict) -> list[dict]:
 
 
 RELEVANCE_LABELS = {"exact": "exact", "loose": "loose", "target": "rejected"}  # record kind -> plot label
+# The method's colour says which method; the look says which kind of token.
+RELEVANCE_LOOKS = {
+    "exact": {"histtype": "stepfilled", "alpha": 0.45},
+    "loose": {"histtype": "step", "hatch": "//", "lw": 1.2},
+    "rejected": {"histtype": "step", "lw": 2.0},
+}
 
 
-def _relevance_by_kind(data: PlotInput) -> tuple[dict[str, list[float]], Counter]:
-    """ "<method> <label>" -> relevance values of exactly and loosely accepted tokens and of
+def _relevance_by_kind(data: PlotInput) -> tuple[dict[tuple[str, str], list[float]], Counter]:
+    """(method, label) -> relevance values of exactly and loosely accepted tokens and of
     rejected draft tokens (a "target" record with a relevance: the target's token carries the
     relevance of the draft token it replaced); and the texts of loosely accepted tokens (all
     methods) with their counts."""
-    relevance: dict[str, list[float]] = {}
+    relevance: dict[tuple[str, str], list[float]] = {}
     loose_texts: Counter = Counter()
     for method, pairs in _by_method(data).items():
         for rec, _ in pairs:
@@ -237,8 +334,8 @@ def _relevance_by_kind(data: PlotInput) -> tuple[dict[str, list[float]], Counter
                 if t.get("kind") == "loose":
                     loose_texts[t.get("text") or str(t.get("token"))] += 1
                 if t.get("kind") in RELEVANCE_LABELS and t.get("relevance") is not None:
-                    label = f"{method} {RELEVANCE_LABELS[t['kind']]}"
-                    relevance.setdefault(label, []).append(float(t["relevance"]))
+                    key = (method, RELEVANCE_LABELS[t["kind"]])
+                    relevance.setdefault(key, []).append(float(t["relevance"]))
     return relevance, loose_texts
 
 
@@ -252,14 +349,16 @@ def relevance_histogram(data: PlotInput) -> list[Plot]:
     ax = fig.add_subplot(1, 1, 1)
     every = np.concatenate([np.asarray(v) for v in relevance.values()])
     bins = np.linspace(min(every.min(), 0.0), max(every.max(), 1.0), 31)  # shared, so kinds compare
-    for label, values in relevance.items():
-        ax.hist(values, bins=bins, alpha=0.6, label=f"{label} ({len(values)})")
+    for (method, label), values in relevance.items():
+        ax.hist(values, bins=bins, color=method_style(method)["color"], label=f"{method} {label} ({len(values)})",
+                **RELEVANCE_LOOKS[label])
     ax.set_xlabel("visual relevance")
     ax.set_ylabel("draft tokens")
     ax.legend(fontsize=8)
     path = _save(fig, data.out_dir / "relevance.png")
-    return [Plot("relevance", path, "Visual relevance of draft tokens, by method: accepted exactly, accepted "
-                 "loosely, or rejected (the target's token replaced them).")]
+    return [Plot("relevance", path, "Visual relevance of draft tokens, by method (colour): accepted exactly "
+                 "(filled), accepted loosely (hatched), or rejected (thick outline: the target's token replaced "
+                 "them).")]
 
 
 def loose_tokens(data: PlotInput, top_k: int = 20) -> list[Plot]:

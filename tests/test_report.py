@@ -431,7 +431,7 @@ def test_relevance_plot_separates_exact_loose_and_rejected_tokens(tmp_path):
                                   pairs={("t", "lvspec"): [(rec, {})]}, baseline="vanilla", out_dir=tmp_path)
     relevance, loose = report_plots._relevance_by_kind(data)
     assert sum(loose.values()) == 1
-    assert relevance == {"lvspec loose": [0.1], "lvspec exact": [0.8, 0.6], "lvspec rejected": [0.7]}
+    assert relevance == {("lvspec", "loose"): [0.1], ("lvspec", "exact"): [0.8, 0.6], ("lvspec", "rejected"): [0.7]}
     assert [p.name for p in report_plots.relevance_histogram(data)] == ["relevance"]
 
 
@@ -490,3 +490,108 @@ def test_divergence_of_exact_methods_is_reported(runs, tmp_path):
     assert "Divergence of exact methods" in (tmp_path / "out" / "leaderboard.html").read_text()
     (line,) = divergence.failures(summary)
     assert line.startswith("FAIL sd_tree on demo_cap: 1 of 4 samples first diverge")
+
+
+# ---- plots: one look per method, the Pareto front, labels apart --------------------------------------
+
+def all_figures(tmp_path, monkeypatch) -> dict[str, object]:
+    """Every plot hook on data of all six methods and a custom one; the figures by file name."""
+    from lvspec_eval.decoding import methods
+
+    names = [*methods.METHODS, "custom:model+loose"]
+    rows = [{"task": "t", "method": m, "retention": 1.0 - 0.01 * k, "retention_ci": [0.9, 1.0],
+             "decode_speedup": 1.0 + 0.02 * k} for k, m in enumerate(names)]
+    rec = {"accepted_lengths": [1, 2, 3], "kinds": ["exact", "loose", "target"], "relevance": [0.5, 0.2, 0.7]}
+    pairs = {("t", m): [(dict(rec, decode_s=1.0), {"decode_s": 2.0, "visual_tokens": v}) for v in (64, 256)]
+             for m in names}
+    figures = {}
+    monkeypatch.setattr(report_plots, "_save", lambda fig, path: figures.setdefault(path.name, fig) and path)
+    report_plots.draw_all(report_plots.PlotInput(rows=rows, pairs=pairs, baseline="vanilla", out_dir=tmp_path))
+    return figures
+
+
+def hex_color(c) -> str:
+    from matplotlib.colors import to_hex
+
+    return to_hex(c, keep_alpha=False)
+
+
+def test_every_plot_draws_a_method_in_its_one_colour_and_marker(tmp_path, monkeypatch):
+    """METHOD_STYLES is the one map: each method has the same colour (and marker, where a plot
+    has markers) in the speed-vs-retention, speed-vs-length, tau and relevance plots."""
+    figs = all_figures(tmp_path, monkeypatch)
+    assert set(figs) == {"speedup_vs_retention.png", "speedup_vs_visual_tokens.png", "tau_distribution.png",
+                         "relevance.png"}
+    style = report_plots.method_style
+    (ax,) = figs["speedup_vs_retention.png"].axes
+    drawn = {(hex_color(line.get_color()), line.get_marker()) for line in ax.lines}
+    labels = {t.get_text(): hex_color(t.get_color()) for t in ax.texts}
+    for method in labels:
+        assert (style(method)["color"], style(method)["marker"]) in drawn and labels[method] == style(method)["color"]
+    assert len(labels) == 7
+    (ax,) = figs["speedup_vs_visual_tokens.png"].axes
+    curves = {line.get_label(): (hex_color(line.get_color()), line.get_marker()) for line in ax.lines}
+    assert all(curves[m] == (style(m)["color"], style(m)["marker"]) for m in curves if not m.startswith("_"))
+    (ax,) = figs["tau_distribution.png"].axes
+    names = [t.get_text() for t in ax.get_xticklabels()]
+    assert [hex_color(p.get_facecolor()) for p in ax.patches] == [style(m)["color"] for m in names]
+    means = [(hex_color(line.get_color()), line.get_marker()) for line in ax.lines if line.get_marker() not in ("None", "o", "")]
+    assert means == [(style(m)["color"], style(m)["marker"]) for m in names if style(m)["marker"] != "o"]
+    (ax,) = figs["relevance.png"].axes
+    for patch in ax.patches:
+        method = patch.get_label().split(" ")[0]
+        assert hex_color(patch.get_edgecolor() if patch.get_fill() is False else patch.get_facecolor()) == \
+            style(method)["color"], patch.get_label()
+
+
+def test_method_styles_are_distinct_and_fixed():
+    from lvspec_eval.decoding import methods
+
+    styles = report_plots.METHOD_STYLES
+    assert set(methods.METHODS) <= set(styles)
+    assert len({s["color"] for s in styles.values()}) == len({s["marker"] for s in styles.values()}) == len(styles)
+    custom = report_plots.method_style("custom:sparrow+lvspec")
+    assert custom == report_plots.method_style("custom:sparrow+lvspec")  # the same in every plot and run
+    assert custom["color"] not in {s["color"] for s in styles.values()}
+
+
+def test_pareto_staircase_runs_from_the_left_edge_to_the_bottom():
+    front = [(0.9, 2.5), (0.99, 2.0), (1.0, 1.0)]
+    assert report_plots.pareto_staircase(front, 0.8, 0.0) == [
+        (0.8, 2.5), (0.9, 2.5), (0.9, 2.0), (0.99, 2.0), (0.99, 1.0), (1.0, 1.0), (1.0, 0.0)]
+    assert report_plots.pareto_staircase([(1.0, 2.4)], 0.93, 0.9) == [(0.93, 2.4), (1.0, 2.4), (1.0, 0.9)]
+
+
+def test_the_pareto_front_named_in_the_legend_is_drawn(tmp_path, monkeypatch):
+    figs = all_figures(tmp_path, monkeypatch)
+    (ax,) = figs["speedup_vs_retention.png"].axes
+    (front,) = [line for line in ax.lines if line.get_label() == "Pareto front"]
+    assert len(front.get_xdata()) >= 3  # a visible corner, not a one-point line
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["Pareto front"]
+
+
+def test_spread_keeps_labels_apart_and_inside():
+    assert report_plots.spread([0.1, 0.5]) == [0.1, 0.5]  # far apart: left where they are
+    assert report_plots.spread([0.3, 0.3, 0.31], gap=0.1) == pytest.approx([0.3, 0.4, 0.5])
+    assert report_plots.spread([0.95, 0.96, 0.97], gap=0.1, high=0.97) == pytest.approx([0.77, 0.87, 0.97])
+    assert report_plots.spread([0.0], low=0.03) == [0.03]
+
+
+def test_crowded_point_labels_do_not_overlap(tmp_path):
+    """The demo's multiple-choice panel: five methods at retention 1.0 within 0.07x of speed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    speeds = {"vanilla": 1.0, "sd_tree": 0.33, "specvlm": 0.34, "sparrow": 0.32, "fly": 0.34, "lvspec": 0.385}
+    rows = [{"method": m, "retention": 1.0, "retention_ci": [1.0, 1.0], "decode_speedup": s} for m, s in speeds.items()]
+    fig = Figure(figsize=(4.5, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    report_plots._speedup_retention_axes(ax, rows, "synthvid_mcq")
+    fig.tight_layout()
+    fig.canvas.draw()
+    boxes = {t.get_text(): Text.get_window_extent(t) for t in ax.texts}  # the text alone, not its leader line
+    assert len(boxes) == 6
+    names = list(boxes)
+    assert [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if boxes[a].overlaps(boxes[b])] == []
