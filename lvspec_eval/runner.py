@@ -32,7 +32,7 @@ class Runner:
     def __init__(self, pretrained: str, method: str = "vanilla", draft: str | None = None, device: str = "cpu",
                  dtype: str = "float32", attn_implementation: str = "sdpa", options: dict | None = None,
                  drafter: str | None = None, verifier: str | None = None, device_map: str | None = None,
-                 min_pixels: int | None = None, max_pixels: int | None = None,
+                 min_pixels: int | None = None, max_pixels: int | None = None, video_rule: str = "fps",
                  target_backend=None, draft_backend=None, paired_timing: bool = False):
         """target_backend / draft_backend: already loaded backends to share (benchmarks run several
         methods on one model in one process). paired_timing: also decode every request with vanilla
@@ -43,7 +43,7 @@ class Runner:
         self.method = method if method != "custom" else f"custom:{self.spec.drafter}+{self.spec.verifier}"
         self.options = methods.make_options(self.spec, options or {})
         load = dict(device=device, dtype=dtype, attn_implementation=attn_implementation, device_map=device_map,
-                    min_pixels=min_pixels, max_pixels=max_pixels)
+                    min_pixels=min_pixels, max_pixels=max_pixels, video_rule=video_rule)
         self.target = target_backend or load_backend(pretrained, **load)
         self.draft_backend = None
         if self.spec.drafter in ("model", "pruned") and draft not in (None, "self"):

@@ -401,7 +401,7 @@ def test_dry_run_layout_equals_the_backends(family):
     from lvspec_eval.models.args import ModelArgs
 
     path = family.target.model.config._name_or_path
-    parsed = ModelArgs.parse({"pretrained": path, "device": "cpu"})
+    parsed = ModelArgs.parse({"pretrained": path, "device": "cpu", "video_rule": "fps"})  # as conftest loads them
     assert dr.config_layout(AutoConfig.from_pretrained(path), path, parsed) == family.target.layout()
 
 

@@ -45,7 +45,8 @@ def test_defaults_on_cpu():
     args = parse("pretrained=Qwen/Qwen2.5-VL-7B-Instruct")
     assert (args.method, args.draft, args.device, args.dtype, args.attn_implementation) == (
         "vanilla", "self", "cpu", "float32", "sdpa")
-    assert (args.fps, args.max_frames, args.max_new_tokens, args.batch_size) == (2.0, 32, 256, 1)
+    assert (args.fps, args.max_frames, args.max_new_tokens, args.batch_size) == (None, None, 256, 1)
+    assert args.video_rule == "lmms_eval"  # fps/max_frames None: lmms-eval's own (backends/frame_rules.py)
 
 
 def test_demo_defaults_follow_the_demo_videos():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..backends.frame_rules import VIDEO_RULES
 from ..backends.loading import DEMO_NAMES, DTYPES
 from ..decoding import methods
 from ..demo import models as demo_models
@@ -47,6 +48,9 @@ class ModelArgs:
     fps: float | None = None  # default 2.0 (demo: the rate the demo models were trained at)
     min_pixels: int | None = None
     max_pixels: int | None = None
+    # frames and pixels per video (backends/frame_rules.py): lmms_eval | qwen_vl_utils | fps; default fps for
+    # the demo models, else lmms_eval, whose own defaults (not the two lines above) then apply to fps/max_frames
+    video_rule: str | None = None
     max_new_tokens: int = 256
     stats_path: str | None = None  # JSONL of per-sample decode statistics
     paired_timing: bool = False  # also time vanilla greedy on every request, beside the method (same clock)
@@ -84,9 +88,11 @@ class ModelArgs:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.dtype is None:
             self.dtype = "float32" if self.device == "cpu" else "bfloat16"
-        if self.fps is None:
+        if self.video_rule is None:
+            self.video_rule = "fps" if demo else "lmms_eval"
+        if self.fps is None and self.video_rule == "fps":
             self.fps = demo_models.FPS if demo else DEFAULT_FPS
-        if self.max_frames is None:
+        if self.max_frames is None and self.video_rule == "fps":
             self.max_frames = DEMO_MAX_FRAMES if demo else DEFAULT_MAX_FRAMES
 
     def validate(self) -> None:
@@ -104,7 +110,8 @@ class ModelArgs:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}={value} must be a positive integer")
-        if self.fps <= 0:
+        _one_of("video_rule", self.video_rule, VIDEO_RULES)
+        if self.fps is not None and self.fps <= 0:
             raise ValueError(f"fps={self.fps} must be positive (frames sampled per second of video)")
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
             raise ValueError(f"min_pixels={self.min_pixels} is larger than max_pixels={self.max_pixels}")
@@ -116,7 +123,8 @@ class ModelArgs:
         return {"pretrained": self.pretrained, "method": self.method, "draft": self.draft, "device": self.device,
                 "dtype": self.dtype, "attn_implementation": self.attn_implementation, "options": dict(self.options),
                 "drafter": self.drafter, "verifier": self.verifier, "device_map": self.device_map,
-                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing}
+                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing,
+                "video_rule": self.video_rule}
 
 
 # ---- typing helpers -----------------------------------------------------------------------------
