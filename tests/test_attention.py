@@ -125,7 +125,7 @@ def test_tree_forward_equals_plain_sdpa_and_eager_on_tiny_gqa_models(family):
     visible[10, 8:10] = False  # tree node 3 hangs off node 0
     mask = additive_mask(0, visible, torch.float32, "cpu")
     ours = _text_forward(backend, embeds, mask)
-    for kernel in ("sdpa", "eager"):
+    for kernel in ("sdpa", "eager", attention.dispatch_name("eager")):  # the last: eager through the dispatcher
         text_config._attn_implementation = kernel
         try:
             reference = _text_forward(backend, embeds, mask)
