@@ -46,9 +46,14 @@ The shipped demo heads (defaults: 800 captions + 150 MC answers, 900 steps of 16
     lvspec-eval train-sparrow --threads 1 --no-ivsb --out lvspec_eval/demo/checkpoints/sparrow_noivsb
     lvspec-eval train-sparrow --threads 1 --mtp-steps 0 --out lvspec_eval/demo/checkpoints/sparrow_nomtp
 On this 2-core CPU, the three side by side (2026-11-30): the target's answers 1.2-1.5 minutes (once;
-cached, shared by all three), then 5.5-12 minutes per head, 9-12 minutes in all (two runs). A real target on a GPU, from a folder of your own videos:
+cached, shared by all three), then 5.5-12 minutes per head, 9-12 minutes in all (two runs). They were
+made on the CPU: on a machine with a GPU add --device cpu to remake them as they are.
+
+A real target on a GPU, from a folder of your own videos (not yet run on a GPU; on this CPU a tiny
+random Qwen2.5-VL, 3 short videos x 8 prompts, 30 steps of 8: 3.5 minutes):
     lvspec-eval train-sparrow --target Qwen/Qwen2.5-VL-7B-Instruct --videos my_videos --out heads/qwen7b \
-        --device cuda --dtype bfloat16 --frames 16 --max-pixels 200704 --batch-size 4 --grad-accum 4 --steps 3000
+        --device cuda --dtype bfloat16 --batch-size 4 --grad-accum 4 --steps 3000 --feature-cache-mb 60000
+then evaluate with the model_args the command prints (method=sparrow,sparrow_head=heads/qwen7b,...).
 """
 from __future__ import annotations
 
@@ -94,7 +99,7 @@ VIDEO_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v", ".mpg", ".m
 # Settings a resumed state must share with the run that made it (the data and the training setup).
 RESUME_KEYS = ("target", "videos", "prompts_per_video", "num_captions", "num_mcq", "seed_offset", "frames", "fps",
                "video_rule", "min_pixels", "max_pixels", "size", "max_new_tokens", "no_ivsb", "ivsb_layer",
-               "mtp_steps", "batch_size", "grad_accum", "seed")
+               "mtp_steps", "batch_size", "grad_accum", "seed", "num_examples")
 
 
 @dataclass
@@ -546,6 +551,7 @@ def train(args) -> Path:
     Path(args.data).parent.mkdir(parents=True, exist_ok=True)
     backend, head, ivsb_layer = setup(args)
     records = generate_data(backend, args, Path(args.data))
+    args.num_examples = len(records)  # batches are permutations of them: a resume needs the same ones
     store = FeatureStore(backend, records, args, ivsb_layer)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     ckpt, log_path = work / "sparrow.ckpt", work / "train_sparrow.log"
