@@ -134,7 +134,8 @@ def test_trained_head_drives_sparrow_token_identically_to_vanilla(trained, lmms_
             assert out.tokens == ref.tokens, (name, prompt)
 
 
-def test_interrupted_run_resumes_without_regenerating(trained, qwen_family, video_dir, tmp_path, monkeypatch):
+def test_interrupted_run_resumes_without_regenerating(trained, qwen_family, video_dir, tmp_path, monkeypatch,
+                                                     capsys):
     target = str(qwen_family.target.model.name_or_path)
     out = tmp_path / "head"
     step = sparrow_train.train_step
@@ -168,6 +169,7 @@ def test_interrupted_run_resumes_without_regenerating(trained, qwen_family, vide
     assert cli.main(["train-sparrow", "--target", target, "--videos", str(video_dir), "--out", str(out),
                      "--device", "cpu", "--frames", "4", "--prompts-per-video", "3", "--max-new-tokens", str(MAX_NEW),
                      "--steps", str(STEPS), "--batch-size", "4", "--mtp-steps", "1"]) == 2
+    assert "made with mtp_steps=2 (now 1); pass --restart" in capsys.readouterr().err
 
 
 def test_batched_answers_on_videos_of_different_shapes_match_the_loop(family, video_dir, tmp_path):
