@@ -118,7 +118,8 @@ def test_each_drafter_holds_its_share_of_the_video(tiny_result):
     assert kv["llava-ov-7b/0.5b", "full", 64] == 64
     assert kv["llava-ov-7b/0.5b", "pruned", 64] == 6
     assert kv["llava-ov-7b/0.5b", "sparrow", 64] == 0
-    sparrow = [r["draft_tree_ms"] for r in tiny_result["rows"] if r["drafter"] == "sparrow" and r["pair"].startswith("qwen")]
+    sparrow = [r["draft_tree_ms"] for r in tiny_result["rows"]
+               if r["drafter"] == "sparrow" and r["pair"].startswith("qwen")]
     assert len(set(sparrow)) == 1  # no visual KV: one cost for every video length
 
 

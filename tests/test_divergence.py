@@ -19,7 +19,7 @@ def test_tolerances_follow_the_stated_formula():
     assert dv.tolerance("float16") == pytest.approx(4 * 2**-10 * 16)  # 0.0625
     assert dv.tolerance("bfloat16") == pytest.approx(4 * 2**-7 * 16)  # 0.5
     assert dv.tolerance("torch.bfloat16") == dv.tolerance("bfloat16")
-    assert dv.tolerance("bfloat16", logit_scale=6.0) == pytest.approx(4 * 2**-7 * 6)  # a logit's rounding step grows with it
+    assert dv.tolerance("bfloat16", logit_scale=6.0) == pytest.approx(4 * 2**-7 * 6)  # rounding grows with the logit
     assert dv.tolerance("float32", logit_scale=6.0) == pytest.approx(1e-3)
     assert dv.TOLERANCES["bfloat16"] > dv.TOLERANCES["float16"] > dv.TOLERANCES["float32"]
     with pytest.raises(ValueError, match="dtype 'int8'.*known: float64, float32, float16, bfloat16"):
@@ -116,7 +116,8 @@ def test_summary_counts_per_exact_method_and_skips_lossy_ones():
 
 
 def test_bench_records_pair_by_sample():
-    vanilla = [{"sample": k, "tokens": [k, 1], "margins": [1.0, 1.0], "dtype": "float32", "error": None} for k in (0, 1)]
+    vanilla = [{"sample": k, "tokens": [k, 1], "margins": [1.0, 1.0], "dtype": "float32", "error": None}
+               for k in (0, 1)]
     method = [{"sample": k, "tokens": [k, 2 if k else 1], "margins": [1.0, 1.0], "dtype": "float32", "error": None}
               for k in (1, 0)]  # another order
     sd = dv.divergence_summary({"vanilla": vanilla, "sd_tree": method})["methods"]["sd_tree"]
@@ -129,10 +130,12 @@ def test_check_lines_name_the_buggy_rows_only():
         {"0": rec("sd_tree", 0, [1, 9], [3.0, 3.0]), "1": rec("sd_tree", 1, [1, 8], [3.0, 0.1])},
         {"0": rec("vanilla", 0, [1, 2], [3.0, 2.0]), "1": rec("vanilla", 1, [1, 2], [3.0, 0.2])})}
     tie_only = {"task": "mc", "method": "specvlm", "divergence": dv.row_fields(
-        {"0": rec("specvlm", 0, [1, 8], [3.0, 0.1], task="mc")}, {"0": rec("vanilla", 0, [1, 2], [3.0, 0.2], task="mc")})}
+        {"0": rec("specvlm", 0, [1, 8], [3.0, 0.1], task="mc")},
+        {"0": rec("vanilla", 0, [1, 2], [3.0, 0.2], task="mc")})}
     lines = dv.failures({"rows": [row, tie_only, {"task": "cap", "method": "vanilla"}]})
     assert len(lines) == 1 and lines[0].startswith("FAIL sd_tree on cap: 1 of 2 samples")
-    assert "doc 0 slot 1, margins 3 / 2" in lines[0] and "too wide for rounding (tolerance 0.5 for bfloat16)" in lines[0]
+    assert "doc 0 slot 1, margins 3 / 2" in lines[0]
+    assert "too wide for rounding (tolerance 0.5 for bfloat16)" in lines[0]
     section = dv.markdown_section([row, tie_only])
     assert "| cap | sd_tree | bfloat16 | 0.5 | runs | 2 | 2 | 1 | 1 | 0 |" in section
     assert "| mc | specvlm | bfloat16 | 0.5 | runs | 1 | 1 | 1 | 0 | 0 |" in section
