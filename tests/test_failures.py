@@ -330,3 +330,38 @@ def test_cli_use_cache_is_refused(tiny_model, synthvid, tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0 and not results_files(tmp_path)
     assert "serves cached answers without calling the model" in log and not stats.exists()
+
+
+# ---- scripts/gpu_check.py ---------------------------------------------------------------------------------------
+
+def gpu_check_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parent.parent / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_verdict_rules():
+    check = gpu_check_module()
+    sound = {"method": "sd_tree", "failed": 0, "tau": 2.5, "divergence": {"near_tie": 2, "elsewhere": 0}}
+    assert check.row_problems(sound) == []  # near-ties are numerics (bf16), not a problem
+    assert check.row_problems({"method": "vanilla", "failed": 0, "tau": 0.0}) == []
+    assert "a bug" in check.row_problems({**sound, "divergence": {"near_tie": 0, "elsewhere": 1}})[0]
+    assert "tau 0" in check.row_problems({**sound, "tau": 0.0})[0]
+    assert "2 failed samples" in check.row_problems({**sound, "failed": 2})[0]
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
+    """The script a GPU user runs first, on the demo pair on the CPU: real lmms-eval runs and the report."""
+    env = {**os.environ, tasks_data.ENV_DIR: str(tmp_path / "synthvid"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(Path(__file__).parent.parent / "scripts" / "gpu_check.py"), "--pretrained", "demo",
+           "--draft", "demo-draft", "--methods", "sd_tree", "--limit", "1", "--dtype", "float32", "--device", "cpu",
+           "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = proc.stdout.split("peak MiB")[1]
+    assert "vanilla " in table and "sd_tree " in table and "install is SOUND" in proc.stdout
+    assert (tmp_path / "out" / "report" / "summary.json").exists()
