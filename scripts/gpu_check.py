@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 
 TASK = "synthvid_caption"
-EXACT = ("sd_tree", "specvlm", "sparrow")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
