@@ -24,6 +24,7 @@ from ..demo import models as demo_models
 log = logging.getLogger(__name__)
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+ON_DEVICE_ERROR = ("abort", "skip")  # what a CUDA error or out-of-memory does (models/lvspec.py)
 # verifier/drafter options owned by their modules (FLy, LVSpec, PST, Sparrow): passed through typed
 OPTION_PREFIXES = ("fly_", "lv_", "pst", "sparrow_")
 PATH_ARGS = ("pretrained", "draft")
@@ -54,6 +55,7 @@ class ModelArgs:
     max_new_tokens: int = 256
     stats_path: str | None = None  # JSONL of per-sample decode statistics
     paired_timing: bool = False  # also time vanilla greedy on every request, beside the method (same clock)
+    on_device_error: str = "abort"  # a CUDA error or out-of-memory: stop the run (abort) or fail the sample (skip)
     batch_size: int = 1  # lmms-eval always passes it; speculative decoding here is batch 1
     max_batch_size: int | None = None  # passed by lmms-eval with --max_batch_size; unused
     options: dict = field(default_factory=dict)  # DecodeOptions fields and prefixed options
@@ -102,6 +104,7 @@ class ModelArgs:
         options.prune_config()
         _one_of("dtype", self.dtype, tuple(DTYPES))
         _one_of("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
+        _one_of("on_device_error", self.on_device_error, ON_DEVICE_ERROR)
         _check_device(self.device)
         if self.batch_size != 1:
             raise ValueError(f"batch_size={self.batch_size} is not supported: lvspec decodes one request at a time "
