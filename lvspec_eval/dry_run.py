@@ -3,8 +3,9 @@
     lvspec-eval dry-run --model_args "pretrained=...,draft=...,method=specvlm" --tasks lvspec_videomme,vdc
 
 Checks, in order, and prints one line each (OK / WARN / FAIL):
-1. model_args: parsed and validated exactly as the lvspec model will (models/args.py). A CUDA
-   device asked for on a machine without one is a warning (dry runs often happen on a login node).
+1. model_args: parsed and validated exactly as the lvspec model will (models/args.py), and which
+   attention kernel serves which forwards (backends/attention.py). A CUDA device asked for on a
+   machine without one is a warning (dry runs often happen on a login node).
 2. draft pairing, from files alone (config.json, tokenizer files, preprocessor configs; no weights
    are loaded): same model family, same tokenizer vocabulary, same video token id, and the same
    visual-token layout as the backends compute it (so SpecVLM's pruned indices and LVSpec's visual
@@ -94,8 +95,11 @@ def check_model_args(text: str):
         parsed = ModelArgs.parse(raw)
     except ValueError as err:
         return checks + [Check("FAIL", "model_args", str(err))], None
+    from .backends.attention import describe
+
     summary = f"method={parsed.method} pretrained={parsed.pretrained} draft={parsed.draft} dtype={parsed.dtype}"
-    return checks + [Check("OK", "model_args", summary)], parsed
+    return checks + [Check("OK", "model_args", summary),
+                     Check("OK", "attention", describe(parsed.attn_implementation))], parsed
 
 
 # ---- 2. draft pairing ----------------------------------------------------------------------------
