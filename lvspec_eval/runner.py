@@ -78,10 +78,11 @@ class Runner:
             base = decode(*self.baseline)
         record = out.stats.to_dict()
         record.update(method=self.method, tokens=out.tokens, kinds=out.kinds, relevance=out.relevance,
-                      replaced=out.replaced)
+                      replaced=out.replaced, margins=out.margins)
         if base is not None:
             record.update(vanilla_decode_s=base.stats.decode_s, vanilla_e2e_s=base.stats.e2e_s,
-                          vanilla_num_new_tokens=base.stats.num_new_tokens, vanilla_tokens=base.tokens)
+                          vanilla_num_new_tokens=base.stats.num_new_tokens, vanilla_tokens=base.tokens,
+                          vanilla_margins=base.margins)
         return Generation(out.text, out.tokens, record, out.kinds, out.relevance)
 
 

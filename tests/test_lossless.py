@@ -25,6 +25,7 @@ TREES = {
     "dynamic": {"tree": "dynamic", "tree_depth": 4, "tree_topk": 4, "tree_total": 12},
     "static": {"tree": "static", "tree_static": "specvlm26"},
     "chain": {"tree": "chain", "tree_depth": 4},
+    "adaptive": {"tree": "adaptive", "tree_depth": 6},
 }
 METHODS = ("sd_tree", "specvlm")
 DRAFTS = ("std", "self")  # std: the family's separate small draft; self: draft=None (the target)
@@ -68,6 +69,7 @@ FAST = [
     for seed, method, draft, tree_kind in [
         (0, "sd_tree", "std", "dynamic"), (1, "sd_tree", "std", "static"), (2, "sd_tree", "self", "chain"),
         (3, "specvlm", "std", "chain"), (4, "specvlm", "self", "dynamic"), (7, "specvlm", "self", "static"),
+        (5, "sd_tree", "std", "adaptive"), (6, "specvlm", "self", "adaptive"),
     ]
 ]
 # Every combination, two more seeds each (48 cases).
@@ -120,3 +122,31 @@ def _hf_greedy(family, case, max_new_tokens: int) -> list[int]:
 def test_vanilla_matches_hf_generate(family, make_case, seed):
     case = _case(family, make_case, seed)
     assert _vanilla(family, make_case, seed) == _hf_greedy(family, case, MAX_NEW_TOKENS)
+
+
+@pytest.mark.parametrize("family", FAMILIES, indirect=True)
+def test_adaptive_wide_trees_are_lossless(family, make_case, monkeypatch):
+    """The adaptive policy on wide trees (as it picks on a GPU, where verification cost hardly
+    grows with the nodes): forced here by a clock under which a target forward costs the same
+    whatever its width, so the policy's measured costs favour width."""
+    from lvspec_eval.decoding import policy as policy_module
+
+    real_plan = policy_module.AdaptivePolicy.plan
+
+    def wide(self):  # the policy's own plan, but at its widest
+        shape, info = real_plan(self)
+        if shape is None:
+            return shape, info
+        depth = max(shape.depth, 3)
+        return policy_module.dynamic_shape(depth, self.widths[-1], self.widths[-1], None), \
+            {**info, "depth": depth, "width": self.widths[-1]}
+
+    monkeypatch.setattr(policy_module.AdaptivePolicy, "plan", wide)
+    monkeypatch.setattr(policy_module.AdaptivePolicy, "choose_total", lambda self, values, *a: values.numel())
+    for seed in (21, 22):
+        case = _case(family, make_case, seed)
+        for draft in DRAFTS:
+            out = _generate(family, "sd_tree", draft, {"tree": "adaptive", "tree_topk": 4, "tree_depth": 4}, case,
+                            MAX_NEW_TOKENS)
+            assert out.tokens == _vanilla(family, make_case, seed), (family.name, draft, seed)
+            assert max(s.num_draft_nodes for s in out.stats.steps) > 4  # trees, not chains

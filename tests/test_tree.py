@@ -20,7 +20,7 @@ def test_depths_and_ancestors():
 
 def test_parents_must_precede_children():
     with pytest.raises(ValueError, match="parents must precede"):
-        tree.depths(torch.tensor([1, -1]))
+        tree.validate(torch.tensor([1, -1]))
 
 
 def test_pending_layout_offsets_and_visibility():
@@ -64,11 +64,6 @@ def test_empty_draft_is_one_greedy_step():
     assert verdict.tokens == [8]
 
 
-class _C:
-    def __init__(self, parent, score, rank):
-        self.parent, self.score, self.rank = parent, score, rank
-
-
 def test_tree_config_validation():
     with pytest.raises(ValueError, match="tree kind"):
         tree.TreeConfig("bushy")
@@ -86,8 +81,32 @@ def test_specvlm_static_tree_has_26_nodes_with_root():
     assert all(c[:-1] in cfg.choices or len(c) == 1 for c in cfg.choices)  # closed under prefixes
 
 
-def test_dynamic_select_keeps_best_and_their_ancestors():
-    cfg = tree.TreeConfig("dynamic", depth=3, topk=2, total=2)
-    cands = [_C(-1, -0.1, 0), _C(-1, -3.0, 1), _C(0, -0.2, 0), _C(1, -0.05, 0)]
-    # best two by score: 3 (-0.05) and 0 (-0.1); 3's parent 1 must come along
-    assert cfg.select(cands) == [0, 1, 3]
+def test_ancestor_mask_of_a_deep_chain_and_wide_tree():
+    # a 40-deep chain needs several squarings; check against the host walk
+    chain = tree.chain_parents(40)
+    assert tree.ancestor_mask(chain).equal(torch.ones(40, 40, dtype=torch.bool).tril())
+    parents = torch.tensor([-1, -1, -1, 0, 0, 3, 5, 1, 7, 6])
+    anc = tree.ancestor_mask(parents)
+    for i in range(len(parents)):
+        assert anc[i].nonzero().flatten().tolist() == sorted(tree.path_to(i, parents))
+    assert tree.depths(parents, max_depth=5).tolist() == [1, 1, 1, 2, 2, 3, 4, 2, 3, 5]
+
+
+def test_shapes_level_sizes():
+    eagle = tree.TreeConfig("dynamic", depth=5, topk=10, total=60).shape()
+    assert [len(level.rows) for level in eagle.levels] == [10, 100, 100, 100, 100] and eagle.total == 60
+    chain = tree.TreeConfig("chain", depth=4).shape()
+    assert chain.num_nodes == 4 and chain.total is None
+    static = tree.TreeConfig("static").shape()
+    assert [len(level.rows) for level in static.levels] == [4, 8, 8, 3, 2]
+
+
+def test_select_keeps_best_and_their_ancestors():
+    from lvspec_eval.decoding.drafters.growth import Nodes, _select
+    # node 3 (-0.05) is best, then 0 (-0.1): 3's parent 1 must come along although its value is low
+    # (values here need not fall along a path; real ones do, and ties are broken by depth)
+    nodes = Nodes(tokens=torch.tensor([5, 6, 7, 8]), parents=torch.tensor([-1, -1, 0, 1]),
+                  logp=torch.zeros(4), score=torch.tensor([-0.1, -3.0, -0.2, -0.05]),
+                  value=torch.tensor([-0.1, -0.06, -0.2, -0.05]), depth=torch.tensor([1, 1, 2, 2]))
+    draft = _select(nodes, 3, 2, None)
+    assert draft.tokens.tolist() == [5, 6, 8] and draft.parents.tolist() == [-1, -1, 1]

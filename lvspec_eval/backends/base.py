@@ -202,7 +202,8 @@ class Backend:
         return state, self.lm_head(out.last_hidden_state[:, -1])[0]
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(hidden).float()
+        # under a device_map the LM head may sit on another device: logits come back to ours
+        return self.model.lm_head(hidden).float().to(self.device)
 
     # ---- tree-masked forwards and cache operations ---------------------------------------------
     @torch.no_grad()

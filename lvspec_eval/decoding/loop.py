@@ -14,7 +14,7 @@ import torch
 
 from ..backends.base import Backend
 from . import tree
-from .stats import SampleStats, peak_memory_mb
+from .stats import SampleStats, memory_devices, peak_memory_mb, reset_peak_memory
 from .types import TARGET, StepStats
 
 
@@ -28,6 +28,9 @@ class Output:
     # per token: for the target's token that ended a step, the draft token it overruled (the
     # draft's favourite at that slot); None for accepted tokens and when the draft had nothing there
     replaced: list[int | None] = field(default_factory=list)
+    # per token: the target's margin (top-1 minus top-2 logit) at the slot where the token was
+    # committed: a divergence from vanilla where this is tiny is numerics (a near-tie), not a bug
+    margins: list[float] = field(default_factory=list)
 
 
 def make_clock(device: torch.device):
@@ -44,53 +47,78 @@ def make_clock(device: torch.device):
 def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max_new_tokens: int,
              until: tuple[str, ...] = ()) -> Output:
     clock = make_clock(backend.device)
-    stats = SampleStats()
-    # 1. Target prefill (in two parts when the drafter prunes by the verifier's attention).
+    stats = SampleStats(dtype=str(backend.model.dtype).removeprefix("torch."))
+    draft_model = getattr(getattr(drafter, "backend", None), "model", None)
+    devices = memory_devices(backend.model, draft_model)  # every device the models use (device_map)
+    reset_peak_memory(devices)  # this sample's peak, not the run's
+    # 1. Preprocessing (frames to pixels, the prompt to ids), then the target prefill (in two parts
+    #    when the drafter prunes by the verifier's attention).
     t0 = clock()
     inputs = backend.prepare(prompt, videos)
     inputs.extra["request"] = (prompt, videos)
+    t1 = clock()
     layers = tuple(sorted(set(verifier.hidden_layers) | set(drafter.hidden_layers)))
     state, logits = backend.prefill(inputs, hidden_layers=layers, visual_attention=drafter.needs_visual_attention)
-    stats.prefill_s = clock() - t0
+    stats.preprocess_s, stats.prefill_s = t1 - t0, clock() - t1
     stats.visual_tokens = stats.kept_visual_tokens = inputs.num_visual_tokens
     stats.prompt_tokens = int(inputs.input_ids.shape[1])
     # 2. Draft prefill (pruning first, if any).
     info = drafter.start(backend, inputs, state, clock)
+    inputs.extra.pop("embeds", None)  # the prompt's embeddings are not needed past the prefills
     stats.prune_s, stats.draft_prefill_s = info.get("prune_s", 0.0), info.get("draft_prefill_s", 0.0)
     stats.kept_visual_tokens = info.get("kept_visual_tokens", stats.visual_tokens)
     # 3. The first token comes from the prefill; then draft, score, verify, commit.
-    generated, kinds, relevance, replaced = [int(logits.argmax())], [TARGET], [None], [None]
+    first, margin = _greedy_with_margin(logits)
+    generated, kinds, relevance, replaced, margins = [first], [TARGET], [None], [None], [margin]
     state.pending = list(generated)
-    t_start = clock()
+    t_start = t_prev = clock()
     while not _finished(backend, generated, max_new_tokens, until):
-        t1 = clock()
         draft = drafter.propose(generated)
-        t2 = clock()
+        t_drafted = clock()
         scores = backend.score(state, draft, hidden_layers=layers)
         verdict = verifier.verify(draft, scores, state.visual_hidden)
         backend.commit(state, verdict)
-        drafter.observe(verdict, scores)
-        t3 = clock()
+        t_verified = clock()
+        view = scores.host_view(draft)  # made by the verifier already: no second transfer
+        step = StepStats(draft.num_nodes, verdict.num_accepted, t_drafted - t_prev, t_verified - t_drafted, draft.plan)
+        drafter.observe(verdict, scores, step)  # its bookkeeping counts as the next step's drafting
         generated += verdict.tokens
         kinds += verdict.kinds
         relevance += verdict.relevance or [None] * len(verdict.tokens)
-        replaced += [None] * verdict.num_accepted + [_overruled(draft, verdict)]
-        stats.steps.append(StepStats(draft.num_nodes, verdict.num_accepted, t2 - t1, t3 - t2))
-        stats.draft_s += t2 - t1
-        stats.verify_s += t3 - t2
+        replaced += [None] * verdict.num_accepted + [_overruled(view, verdict)]
+        margins += _committed_margins(view, verdict)
+        stats.steps.append(step)
+        stats.draft_s += step.draft_s
+        stats.verify_s += step.verify_s
+        t_prev = t_verified
     stats.decode_s = clock() - t_start
     n, text = _truncate(backend, generated, max_new_tokens, until)
     stats.num_new_tokens = n
-    stats.peak_memory_mb = peak_memory_mb(backend.device)
+    stats.peak_memory_mb = peak_memory_mb(devices)
+    stats.policy = drafter.estimates()
     return Output(tokens=generated[:n], text=text, stats=stats, kinds=kinds[:n], relevance=relevance[:n],
-                  replaced=replaced[:n])
+                  replaced=replaced[:n], margins=margins[:n])
 
 
-def _overruled(draft, verdict) -> int | None:
+def _greedy_with_margin(logits: torch.Tensor) -> tuple[int, float]:
+    """The target's greedy token and its margin from [vocab] logits, in one transfer."""
+    top2 = logits.float().topk(min(2, logits.numel())).values
+    token, margin = torch.stack([logits.argmax().double(), (top2[0] - top2[-1]).double()]).tolist()
+    return int(token), margin
+
+
+def _committed_margins(view, verdict) -> list[float]:
+    """The target's margin at the row that judged each committed token (its parent's row; the
+    bonus: the row after the last committed node)."""
+    rows = [view.parents[c] + 1 for c in verdict.path] + [(verdict.path[-1] if verdict.path else -1) + 1]
+    return [view.margins[r] for r in rows]
+
+
+def _overruled(view, verdict) -> int | None:
     """The draft token in the slot the target's closing token filled (None: the path was used up)."""
     last = verdict.path[-1] if verdict.path else -1
-    child = tree.best_child(draft.parents, draft.scores, last)
-    return None if child is None else int(draft.tokens[child])
+    child = tree.best_child(view.parents, view.scores, last)
+    return None if child is None else view.tokens[child]
 
 
 def _finished(backend: Backend, generated: list[int], max_new_tokens: int, until) -> bool:

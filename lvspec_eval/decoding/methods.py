@@ -37,20 +37,27 @@ METHODS: dict[str, MethodSpec] = {
     "sd_tree": MethodSpec("model", "exact"),
     "specvlm": MethodSpec("pruned", "exact"),
     "sparrow": MethodSpec("sparrow", "exact"),
-    "fly": MethodSpec("pruned", "fly", {"tree": "chain", "tree_depth": 15}),
+    "fly": MethodSpec("pruned", "fly", {"tree_depth": 15}),  # FLy's public chain length k, as the cap
     "lvspec": MethodSpec("pruned", "lvspec"),
 }
 LOSSLESS_VERIFIERS = ("exact",)
+
+
+# (depth, topk, total) per tree kind when the user sets none. The fixed shapes keep the settings
+# every earlier figure was measured with; adaptive's are caps, wide enough for a GPU, where a
+# 64-node verification costs about one target step (the policy measures and stays narrow on a CPU).
+TREE_DEFAULTS = {"adaptive": (12, 8, 64), "dynamic": (8, 4, 16), "chain": (8, 1, 8), "static": (5, 4, 25)}
 
 
 @dataclass
 class DecodeOptions:
     """Every decoding knob a user can set through model_args, with its default."""
 
-    tree: str = "dynamic"  # dynamic | static | chain
-    tree_depth: int = 8
-    tree_topk: int = 4
-    tree_total: int = 16
+    tree: str = "adaptive"  # adaptive | dynamic | static | chain
+    # None: the kind's own default (TREE_DEFAULTS). For adaptive they are caps on what the policy picks.
+    tree_depth: int | None = None
+    tree_topk: int | None = None
+    tree_total: int | None = None
     tree_static: str = "specvlm26"
     prune_ratio: float = 0.9
     prune_lambda: float = 0.4
@@ -61,7 +68,10 @@ class DecodeOptions:
         return {f.name for f in fields(cls)} - {"extra"}
 
     def tree_config(self) -> TreeConfig:
-        return TreeConfig(self.tree, self.tree_depth, self.tree_topk, self.tree_total, self.tree_static)
+        depth, topk, total = (given if given is not None else default for given, default in
+                              zip((self.tree_depth, self.tree_topk, self.tree_total),
+                                  TREE_DEFAULTS.get(self.tree, TREE_DEFAULTS["dynamic"])))
+        return TreeConfig(self.tree, depth, topk, total, self.tree_static)
 
     def prune_config(self) -> PruneConfig:
         return PruneConfig(self.prune_ratio, self.prune_lambda)

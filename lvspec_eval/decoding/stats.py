@@ -16,9 +16,11 @@ from .types import StepStats
 
 @dataclass
 class SampleStats:
+    dtype: str = "float32"  # the target's compute dtype (what exact-match tolerances depend on)
     visual_tokens: int = 0
     kept_visual_tokens: int = 0
     prompt_tokens: int = 0
+    preprocess_s: float = 0.0  # frames to pixels and prompt to ids (CPU work, before the prefill)
     prefill_s: float = 0.0
     prune_s: float = 0.0
     draft_prefill_s: float = 0.0
@@ -29,6 +31,7 @@ class SampleStats:
     num_new_tokens: int = 0
     peak_memory_mb: float = 0.0
     error: str | None = None
+    policy: dict | None = None  # the adaptive draft policy's estimates at the end of the sample
 
     @property
     def accepted_lengths(self) -> list[int]:
@@ -40,7 +43,7 @@ class SampleStats:
 
     @property
     def e2e_s(self) -> float:
-        return self.prefill_s + self.prune_s + self.draft_prefill_s + self.decode_s
+        return self.preprocess_s + self.prefill_s + self.prune_s + self.draft_prefill_s + self.decode_s
 
     def to_dict(self) -> dict:
         """The JSON record written to stats_path (one per sample); report.py reads these keys."""
@@ -59,10 +62,64 @@ class SampleStats:
             verify_step_ms=1000 * self.verify_s / n if n else 0.0,
             num_draft_nodes=[s.num_draft_nodes for s in self.steps],
         )
+        if any(s.plan for s in self.steps):  # what the adaptive policy chose, step by step
+            d.update(plan_depth=[(s.plan or {}).get("depth", 0) for s in self.steps],
+                     plan_width=[(s.plan or {}).get("width", 0) for s in self.steps],
+                     plan_est_rate=[(s.plan or {}).get("est_rate") for s in self.steps])
         return d
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+# ---- peak memory of one sample ---------------------------------------------------------------------
+# A sample's peak is measured between reset_peak_memory(devices) at its start and
+# peak_memory_mb(devices) at its end. On CUDA: the sum over the devices of the peak bytes allocated by
+# tensors on each (a model spread by device_map counts every GPU it uses; the per-device peaks may
+# fall at different moments, so the sum is an upper bound of the simultaneous total). On the CPU: the
+# process's peak resident memory (VmHWM; Linux resets it through /proc/self/clear_refs, elsewhere it
+# stays a maximum since the process started).
+_CLEAR_REFS, _STATUS = "/proc/self/clear_refs", "/proc/self/status"
+
+
+def memory_devices(*modules: torch.nn.Module | None) -> tuple[torch.device, ...]:
+    """The devices holding the parameters and buffers of `modules` (None entries are skipped)."""
+    found = {t.device for m in modules if m is not None for t in (*m.parameters(), *m.buffers())}
+    return tuple(sorted(found, key=str))
+
+
+def _as_devices(devices) -> tuple[torch.device, ...]:
+    if isinstance(devices, (torch.device, str)):
+        return (torch.device(devices),)
+    return tuple(torch.device(d) for d in devices)
+
+
+def reset_peak_memory(devices) -> None:
+    """Start a new peak on these devices (a device, a device name, or an iterable of them)."""
+    devices = _as_devices(devices)
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+    if any(d.type == "cpu" for d in devices):
+        try:
+            with open(_CLEAR_REFS, "w") as f:
+                f.write("5")  # 5: reset the peak resident set size (proc(5))
+        except OSError:
+            pass  # not Linux, or not permitted: the CPU figure stays the process's maximum
+
+
+def peak_memory_mb(devices) -> float:
+    """Peak MiB since the last reset_peak_memory: summed over the CUDA devices, or the CPU peak RSS."""
+    devices = _as_devices(devices)
+    cuda = [d for d in devices if d.type == "cuda"]
+    if cuda:
+        return sum(torch.cuda.max_memory_allocated(d) for d in cuda) / 2**20
+    return _cpu_peak_kib() / 1024
+
+
+def _cpu_peak_kib() -> float:
+    try:
+        with open(_STATUS) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux

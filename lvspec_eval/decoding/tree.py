@@ -5,6 +5,8 @@ parents[i] (-1 = the root) and parents come before children. A chain is parents 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -12,64 +14,80 @@ def chain_parents(n: int) -> torch.Tensor:
     return torch.arange(-1, n - 1, dtype=torch.long)
 
 
-def depths(parents: torch.Tensor) -> torch.Tensor:
-    """[n] depth of each node; children of the root have depth 1."""
-    d = torch.zeros(parents.numel(), dtype=torch.long)
-    for i, p in enumerate(parents.tolist()):
+def validate(parents: torch.Tensor | list[int]) -> None:
+    """ValueError unless every parent precedes its child (a host-side check, for hand-made trees)."""
+    for i, p in enumerate(parents.tolist() if isinstance(parents, torch.Tensor) else parents):
         if p >= i:
             raise ValueError(f"parents must precede children; node {i} has parent {p}")
-        d[i] = 1 if p < 0 else d[p] + 1
-    return d
 
 
-def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
-    """[n, n] bool: row i is True at i and at each of its ancestors (what node i may attend to)."""
-    n = parents.numel()
-    mask = torch.eye(n, dtype=torch.bool)
-    for i, p in enumerate(parents.tolist()):
-        if p >= 0:
-            mask[i] |= mask[p]
-    return mask
+def ancestor_mask(parents: torch.Tensor, max_depth: int | None = None) -> torch.Tensor:
+    """[n, n] bool: row i is True at i and at each of its ancestors (what node i may attend to).
+
+    Built on parents' device with no host round trip: start from "self or parent" and square the
+    relation until it covers the deepest path (ceil(log2(depth)) boolean matrix products).
+    """
+    n, device = parents.numel(), parents.device
+    onehot = torch.zeros(n, n + 1, dtype=torch.float32, device=device)
+    onehot.scatter_(1, (parents + 1).view(-1, 1), 1.0)  # column 0 is the root
+    rel = torch.eye(n, device=device) + onehot[:, 1:]
+    for _ in range(max(0, (max(max_depth or n, 1) - 1).bit_length())):
+        rel = ((rel @ rel) > 0).float()
+    return rel > 0
 
 
-def pending_and_tree_layout(num_pending: int, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def depths(parents: torch.Tensor, max_depth: int | None = None) -> torch.Tensor:
+    """[n] depth of each node; children of the root have depth 1 (on parents' device)."""
+    return ancestor_mask(parents, max_depth).sum(-1)
+
+
+def pending_and_tree_layout(num_pending: int, parents: torch.Tensor,
+                            max_depth: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Offsets [p + n] and visibility [p + n, p + n] for pending tokens followed by a tree.
 
     Pending tokens form a causal chain; the last one is the tree's root, so every node sees all
-    pending tokens plus its own ancestors, at offset (p - 1) + depth.
+    pending tokens plus its own ancestors, at offset (p - 1) + depth. Built on parents' device.
     """
-    p, n = num_pending, parents.numel()
-    offsets = torch.cat([torch.arange(p), p - 1 + depths(parents)])
-    visible = torch.zeros(p + n, p + n, dtype=torch.bool)
-    visible[:p, :p] = torch.tril(torch.ones(p, p, dtype=torch.bool))
+    p, n, device = num_pending, parents.numel(), parents.device
+    anc = ancestor_mask(parents, max_depth)
+    offsets = torch.cat([torch.arange(p, device=device), p - 1 + anc.sum(-1)])
+    visible = torch.zeros(p + n, p + n, dtype=torch.bool, device=device)
+    visible[:p, :p] = torch.tril(torch.ones(p, p, dtype=torch.bool, device=device))
     visible[p:, :p] = True
-    visible[p:, p:] = ancestor_mask(parents)
+    visible[p:, p:] = anc
     return offsets, visible
 
 
-def path_to(node: int, parents: torch.Tensor) -> list[int]:
+def _as_list(values) -> list | None:
+    return values.tolist() if isinstance(values, torch.Tensor) else values
+
+
+def path_to(node: int, parents) -> list[int]:
     """Node indices from the root's child down to `node` (empty for the root, node = -1)."""
     path = []
-    par = parents.tolist()
+    par = _as_list(parents)
     while node >= 0:
         path.append(node)
         node = par[node]
     return path[::-1]
 
 
-def best_child(parents: torch.Tensor, scores: torch.Tensor | None, node: int) -> int | None:
+def best_child(parents, scores, node: int) -> int | None:
     """The draft's favourite child of `node` (-1: the root): its highest-scored one, the first when
-    scores are unknown; None when `node` is a leaf (or the draft is empty)."""
-    kids = (parents == node).nonzero().flatten()
-    if kids.numel() == 0:
+    scores are unknown; None when `node` is a leaf (or the draft is empty). Host lists (tensors
+    are accepted too)."""
+    par, score = _as_list(parents), _as_list(scores)
+    kids = [i for i, p in enumerate(par) if p == node]
+    if not kids:
         return None
-    return int(kids[0] if scores is None else kids[scores[kids].argmax()])
+    return kids[0] if score is None else max(kids, key=lambda c: (score[c], -c))
 
 
-def children(parents: torch.Tensor) -> list[list[int]]:
+def children(parents) -> list[list[int]]:
     """children[0] lists the root's children; children[i + 1] lists node i's."""
-    out: list[list[int]] = [[] for _ in range(parents.numel() + 1)]
-    for i, p in enumerate(parents.tolist()):
+    par = _as_list(parents)
+    out: list[list[int]] = [[] for _ in range(len(par) + 1)]
+    for i, p in enumerate(par):
         out[p + 1].append(i)
     return out
 
@@ -88,20 +106,68 @@ SPECVLM_26 = (
     (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
 )
 STATIC_PRESETS = {"specvlm26": SPECVLM_26}
-TREE_KINDS = ("dynamic", "static", "chain")
+TREE_KINDS = ("adaptive", "dynamic", "static", "chain")
 
 
-def _rank_path(cands, c: int) -> tuple[int, ...]:
-    path = []
-    while c >= 0:
-        path.append(cands[c].rank)
-        c = cands[c].parent
-    return tuple(path[::-1])
+@dataclass(frozen=True)
+class Level:
+    """How one level of a draft tree grows from the level above it (the root for level 1).
+
+    expand: which nodes of the level above get children: a tuple of their indices within that
+    level, or an int w: its w best nodes by value. rows/ranks: the new nodes, each the child of
+    rank ranks[i] (in the draft's top-k) of expanded node rows[i].
+    """
+
+    expand: tuple[int, ...] | int
+    rows: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One step's tree: its levels, and how many nodes to keep (None: all of them)."""
+
+    levels: tuple[Level, ...]
+    total: int | None = None
+
+    @property
+    def depth(self) -> int:
+        return len(self.levels)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(len(level.rows) for level in self.levels)
+
+
+def dynamic_shape(depth: int, width: int, children: int, total: int | None) -> Shape:
+    """EAGLE-2: the root's `children` best children, then at each level the `width` best nodes of
+    the level above, each with its `children` best children; keep the `total` best (None: all)."""
+    levels, above = [Level((0,), (0,) * children, tuple(range(children)))], children
+    for _ in range(depth - 1):
+        w = min(width, above)
+        levels.append(Level(w, tuple(r for r in range(w) for _ in range(children)), tuple(range(children)) * w))
+        above = w * children
+    num = sum(len(level.rows) for level in levels)
+    return Shape(tuple(levels), None if total is None or total >= num else total)
+
+
+def static_shape(choices) -> Shape:
+    """A fixed list of rank paths (closed under prefixes), level by level in sorted order."""
+    by_depth = [sorted(c for c in choices if len(c) == d) for d in range(1, max(map(len, choices)) + 1)]
+    levels, above = [], [()]
+    for nodes in by_depth:
+        expand = sorted({above.index(c[:-1]) for c in nodes})
+        rows = tuple(expand.index(above.index(c[:-1])) for c in nodes)
+        levels.append(Level(tuple(expand), rows, tuple(c[-1] for c in nodes)))
+        above = nodes
+    return Shape(tuple(levels))
 
 
 class TreeConfig:
-    """Shape of the draft tree: EAGLE-2 dynamic, a static list of rank paths, or a chain.
+    """Shape of the draft tree: adaptive, EAGLE-2 dynamic, a static list of rank paths, or a chain.
 
+    adaptive: a cost-aware policy (decoding/policy.py) picks depth, width and the nodes to verify
+    at every step, within depth <= `depth`, width <= `topk` and nodes <= `total`.
     dynamic: at each depth expand the `topk` best frontier nodes by cumulative draft log-prob,
     each with its `topk` best children; after `depth` levels keep the `total` best nodes
     (ancestors of kept nodes are always kept). static: the nodes are fixed rank paths
@@ -122,37 +188,17 @@ class TreeConfig:
         self.kind, self.topk, self.total = kind, topk, total
         self.choices = frozenset(tuple(c) for c in choices)
         self.depth = max(len(c) for c in self.choices) if kind == "static" else depth
+        self.adaptive = kind == "adaptive"
 
     def __repr__(self) -> str:
         if self.kind == "static":
             return f"TreeConfig(static, {len(self.choices)} nodes)"
         return f"TreeConfig({self.kind}, depth={self.depth}, topk={self.topk}, total={self.total})"
 
-    def child_ranks(self, cands, parent: int, depth: int) -> list[int]:
+    def shape(self) -> Shape:
+        """The fixed shape of the non-adaptive kinds (the adaptive policy builds its own)."""
+        if self.kind == "static":
+            return static_shape(self.choices)
         if self.kind == "chain":
-            return [0]
-        if self.kind == "dynamic":
-            return list(range(self.topk))
-        prefix = _rank_path(cands, parent)
-        return sorted(c[-1] for c in self.choices if len(c) == depth and c[:-1] == prefix)
-
-    def to_feed(self, cands, new: list[int]) -> list[int]:
-        """Which of the newest candidates get children (and so must be fed to the draft)."""
-        if self.kind == "dynamic":
-            return sorted(sorted(new, key=lambda c: -cands[c].score)[: self.topk])
-        if self.kind == "chain":
-            return new
-        longer = {c[:-1] for c in self.choices}
-        return [c for c in new if _rank_path(cands, c) in longer]
-
-    def select(self, cands) -> list[int]:
-        """Candidate indices that form the draft, parents before children."""
-        if self.kind != "dynamic" or len(cands) <= self.total:
-            return list(range(len(cands)))
-        best = set(sorted(range(len(cands)), key=lambda c: -cands[c].score)[: self.total])
-        for c in list(best):  # scores fall along a path, but ties could orphan a node
-            a = cands[c].parent
-            while a >= 0 and a not in best:
-                best.add(a)
-                a = cands[a].parent
-        return sorted(best)
+            return dynamic_shape(self.depth, 1, 1, None)
+        return dynamic_shape(self.depth, self.topk, self.topk, self.total)

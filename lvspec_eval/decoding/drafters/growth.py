@@ -1,10 +1,19 @@
-"""Tree growth shared by every drafter: expand candidates level by level, then pick the draft.
+"""Tree growth shared by every drafter: expand a tree level by level on the device, then keep
+the best nodes. No host round trip: one batched top-k per level, index tensors built once per
+shape, masks built on the device.
 
-A drafter supplies one callback, `feed(cands, frontier, depth) -> logits [len(frontier), vocab]`,
-which runs its model on the frontier candidates (each attending to the committed prefix and its
-own ancestors) and returns the logits after each. Everything about the tree's shape (dynamic,
-static, chain) lives in TreeConfig; everything about the model lives in the callback, so a small
-LM (ModelDrafter) and the Sparrow head grow exactly the same trees.
+A drafter supplies one callback, `feed(tokens, visible, parent_rows, depth) -> logits [m, vocab]`,
+which runs its model on m new tree nodes at `depth` (tokens [m] on the device; visible [m, f + m]
+bool: which of the f nodes fed before them, and of themselves, each may attend to: its ancestors
+and itself; parent_rows [m]: which earlier fed node is each one's parent, -1 the root) and
+returns the logits after each. Everything about the tree's shape lives in `tree.Shape`;
+everything about the model lives in the callback, so a small LM (ModelDrafter) and the Sparrow
+head grow exactly the same trees.
+
+Worked example (a chain of depth 3, `dynamic_shape(3, 1, 1, None)`): level 1 takes the root's
+top-1 token t1; level 2 feeds t1 (visible [[True]]) and takes the top-1 t2 of its logits; level
+3 feeds t2 (visible [[True, True]]: it sees t1 and itself) and takes t3. Draft: tokens
+[t1, t2, t3], parents [-1, 0, 1].
 """
 from __future__ import annotations
 
@@ -13,81 +22,177 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tree import TreeConfig
+from ..policy import AdaptivePolicy
+from ..tree import Level, Shape, TreeConfig
 from ..types import Draft
+
+FeedFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+# value(logp [m]) -> [m]: what a node adds to its path's value (default: its draft log-prob)
+ValueFn = Callable[[torch.Tensor], torch.Tensor]
+# total(values [num_nodes]) -> how many nodes to keep (the adaptive policy decides on the host)
+TotalFn = Callable[[torch.Tensor], int]
 
 
 @dataclass
-class Candidate:
-    token: int
-    parent: int  # index into the candidate list; -1 = root
-    score: float  # cumulative draft log-prob
-    depth: int
-    rank: int  # rank of the token among its parent's draft top-k
+class Nodes:
+    """The grown candidates, level after level (parents before children), on the device."""
+
+    tokens: torch.Tensor  # [n] long
+    parents: torch.Tensor  # [n] long, -1 = the root
+    logp: torch.Tensor  # [n] float: draft log-prob of the token at its parent
+    score: torch.Tensor  # [n] float: cumulative draft log-prob (the path's)
+    value: torch.Tensor  # [n] float: cumulative selection value (ValueFn summed along the path)
+    depth: torch.Tensor  # [n] long
 
 
-FeedFn = Callable[[list[Candidate], list[int], int], torch.Tensor]
+class Grower:
+    """Grows trees for one drafter; keeps the index tensors of each shape on the device."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._index: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+
+    def grow(self, shape: Shape, root_logits: torch.Tensor, feed: FeedFn, value: ValueFn | None = None,
+             total: TotalFn | None = None, plan: dict | None = None) -> Draft:
+        """Expand the tree level by level (one batched `feed` per level after the first).
+
+        root_logits: [vocab] the drafter's logits after the root (the last committed token).
+        """
+        logp = torch.log_softmax(root_logits.float(), dim=-1)[None]  # [expanded, vocab]
+        zero = torch.zeros(1, device=self.device)
+        expanded = (torch.full((1,), -1, dtype=torch.long, device=self.device), zero, zero)  # global idx, score, value
+        levels: list[Nodes] = []
+        vis = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # fed nodes' visibility
+        fed_row = torch.zeros(0, dtype=torch.long, device=self.device)  # global node -> fed row (-1: not fed)
+        num = 0
+        for depth, level in enumerate(shape.levels, start=1):
+            rows, ranks, _ = self._tensors(level)
+            top = logp.topk(int(max(level.ranks)) + 1, dim=-1)
+            lp = top.values[rows, ranks]
+            gain = lp if value is None else value(lp)
+            new = Nodes(tokens=top.indices[rows, ranks], parents=expanded[0][rows], logp=lp,
+                        score=expanded[1][rows] + lp, value=expanded[2][rows] + gain,
+                        depth=torch.full_like(rows, depth))
+            levels.append(new)
+            fed_row = torch.cat([fed_row, torch.full_like(rows, -1)])
+            if depth == shape.depth:
+                break
+            pick = self._expand(shape.levels[depth], new.value)  # level-local indices to feed
+            parent_row = fed_row[new.parents[pick].clamp(min=0)].masked_fill(new.parents[pick] < 0, -1)
+            vis = _extend_visibility(vis, parent_row)
+            fed_row[num + pick] = torch.arange(vis.shape[0] - pick.numel(), vis.shape[0], device=self.device)
+            logits = feed(new.tokens[pick], vis[-pick.numel():], parent_row, depth)
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            expanded = (num + pick, new.score[pick], new.value[pick])
+            num += rows.numel()
+        nodes = Nodes(*(torch.cat([getattr(lv, f) for lv in levels]) for f in Nodes.__dataclass_fields__))
+        keep_n = shape.total if total is None else total(nodes.value)
+        return _select(nodes, keep_n, shape.depth, plan)
+
+    def _tensors(self, level: Level) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """rows, ranks and fixed expand indices of a level, on the device. A dynamic level's come
+        from arange (no host list); a static level's are built once per run (prepare())."""
+        key = (level.rows, level.ranks, level.expand if isinstance(level.expand, tuple) else None)
+        if key not in self._index:
+            grid = _grid(level)
+            if grid is not None:  # rows 0..w-1 each with ranks 0..k-1
+                w, k = grid
+                ar = torch.arange(max(w, k), device=self.device)
+                fixed = ar[:1] if level.expand == (0,) else None
+                self._index[key] = (ar[:w].repeat_interleave(k), ar[:k].repeat(w), fixed)
+            else:
+                def as_tensor(values):
+                    return torch.tensor(values, dtype=torch.long, device=self.device)
+                self._index[key] = (as_tensor(level.rows), as_tensor(level.ranks), as_tensor(level.expand))
+        return self._index[key]
+
+    def prepare(self, shape: Shape) -> None:
+        """Build a fixed shape's index tensors now (at start), not inside a decode step."""
+        for level in shape.levels:
+            self._tensors(level)
+
+    def _expand(self, below: Level, value: torch.Tensor) -> torch.Tensor:
+        """Indices (in this level) of the nodes the next level grows from."""
+        fixed = self._tensors(below)[2]
+        if fixed is not None:
+            return fixed
+        return value.topk(below.expand).indices.sort().values
 
 
-def grow(tree: TreeConfig, root_logits: torch.Tensor, feed: FeedFn) -> Draft:
-    """Expand the tree level by level; each level is one batched `feed` call.
+def _grid(level: Level) -> tuple[int, int] | None:
+    """(w, k) when the level is w expanded nodes with children of ranks 0..k-1 each (the root's
+    children too: w = 1, expand (0,)), else None."""
+    w = level.expand if isinstance(level.expand, int) else (1 if level.expand == (0,) else 0)
+    if not w or len(level.rows) % w:
+        return None
+    k = len(level.rows) // w
+    regular = level.rows == tuple(r for r in range(w) for _ in range(k)) and level.ranks == tuple(range(k)) * w
+    return (w, k) if regular else None
 
-    root_logits: [vocab] the drafter's logits after the root (the last committed token).
+
+def _extend_visibility(vis: torch.Tensor, parent_row: torch.Tensor) -> torch.Tensor:
+    """Append m fed nodes to the [f, f] visibility of fed nodes: each sees its parent's row
+    (parent_row -1: the root, nothing fed) and itself."""
+    f, m = vis.shape[0], parent_row.numel()
+    padded = torch.cat([torch.zeros(1, f, dtype=torch.bool, device=vis.device), vis])  # row 0: the root
+    new = torch.cat([padded[parent_row + 1], torch.eye(m, dtype=torch.bool, device=vis.device)], dim=1)
+    return torch.cat([torch.cat([vis, torch.zeros(f, m, dtype=torch.bool, device=vis.device)], dim=1), new])
+
+
+def _select(nodes: Nodes, keep_n: int | None, depth: int, plan: dict | None) -> Draft:
+    """Keep the best `keep_n` nodes by value (all when None), parents first, re-indexed.
+
+    Values fall along a path (each node adds a log-probability <= 0), so the best nodes include
+    their ancestors; a tiny depth penalty breaks the ties that could orphan a node.
     """
-    cands: list[Candidate] = []
-    frontier, frontier_logits = [-1], root_logits[None]
-    for depth in range(1, tree.depth + 1):
-        new = expand(tree, cands, frontier, frontier_logits, depth)
-        if depth == tree.depth or not new:
-            break
-        frontier = tree.to_feed(cands, new)
-        if not frontier:
-            break
-        frontier_logits = feed(cands, frontier, depth)
-    return to_draft(cands, tree.select(cands))
+    n = nodes.tokens.numel()
+    if keep_n is not None and keep_n < n:
+        key = nodes.value.double() - 1e-9 * nodes.depth
+        keep = key.topk(keep_n).indices.sort().values
+    else:
+        keep = torch.arange(n, device=nodes.tokens.device)
+    new_index = torch.full((n + 1,), -1, dtype=torch.long, device=keep.device)
+    new_index[keep + 1] = torch.arange(keep.numel(), device=keep.device)  # slot 0: the root stays -1
+    return Draft(tokens=nodes.tokens[keep], parents=new_index[nodes.parents[keep] + 1],
+                 scores=nodes.score[keep], probs=nodes.logp[keep].exp(), depth=depth, plan=plan)
 
 
-def expand(tree: TreeConfig, cands: list[Candidate], frontier: list[int], logits: torch.Tensor,
-           depth: int) -> list[int]:
-    """Append the children of each frontier candidate (rows of `logits`); return their indices."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    new = []
-    for row, parent in enumerate(frontier):
-        base = 0.0 if parent < 0 else cands[parent].score
-        ranks = tree.child_ranks(cands, parent, depth)
-        if not ranks:
-            continue
-        top = torch.topk(logp[row], max(ranks) + 1)
-        for r in ranks:
-            cands.append(Candidate(int(top.indices[r]), parent, base + float(top.values[r]), depth, r))
-            new.append(len(cands) - 1)
-    return new
+class TreePlanner:
+    """What every drafter does around its model: pick the step's shape (fixed, or the adaptive
+    policy's), grow it, and feed the policy what the step measured. Holds one Grower."""
 
+    def __init__(self, config: TreeConfig, device: torch.device):
+        self.config, self.grower = config, Grower(device)
+        self.policy = (AdaptivePolicy(config.depth, config.topk, config.total, device)
+                       if config.adaptive else None)
+        self._fixed = None if config.adaptive else config.shape()
+        if self._fixed is not None:
+            self.grower.prepare(self._fixed)
 
-def ancestor_visibility(cands: list[Candidate], frontier: list[int], slots: dict[int, int],
-                        start: int) -> torch.Tensor:
-    """[m, start + m] bool: which temporary cache slots each frontier candidate may attend to.
+    def next_shape(self) -> tuple[Shape | None, dict | None]:
+        """The step's shape (None: propose nothing this step) and what the policy chose, if any."""
+        if self.policy is None:
+            return self._fixed, None
+        shape, plan = self.policy.plan()
+        if shape is not None:
+            plan["nodes_fed"] = sum(lv.expand if isinstance(lv.expand, int) else len(lv.expand)
+                                    for lv in shape.levels[1:])
+        return shape, plan
 
-    slots maps already-fed candidates to their temporary slot; the frontier is appended at
-    `start`, `start + 1`, ... (and recorded in `slots`). Each row sees itself and its ancestors.
-    """
-    m = len(frontier)
-    visible = torch.zeros(m, start + m, dtype=torch.bool)
-    for row, c in enumerate(frontier):
-        visible[row, start + row] = True
-        a = cands[c].parent
-        while a >= 0:
-            visible[row, slots[a]] = True
-            a = cands[a].parent
-        slots[c] = start + row
-    return visible
+    def grow(self, shape: Shape, plan: dict | None, root_logits: torch.Tensor, feed: FeedFn) -> Draft:
+        if self.policy is None:
+            return self.grower.grow(shape, root_logits, feed)
 
+        def total(values: torch.Tensor) -> int:
+            plan["nodes"] = self.policy.choose_total(values, shape.depth - 1, plan["nodes_fed"])
+            return plan["nodes"]
 
-def to_draft(cands: list[Candidate], keep: list[int]) -> Draft:
-    """Selected candidates (parents first) as a Draft with re-indexed parents."""
-    index = {c: i for i, c in enumerate(keep)}
-    tokens = torch.tensor([cands[c].token for c in keep], dtype=torch.long)
-    parents = torch.tensor([index[cands[c].parent] if cands[c].parent >= 0 else -1 for c in keep],
-                           dtype=torch.long)
-    scores = torch.tensor([cands[c].score for c in keep])
-    return Draft(tokens=tokens, parents=parents, scores=scores)
+        return self.grower.grow(shape, root_logits, feed, value=self.policy.node_value, total=total, plan=plan)
+
+    def observe(self, verdict, scores, step) -> None:
+        if self.policy is not None:
+            view = scores.host_view(None) if step.num_draft_nodes else None
+            self.policy.observe(step, view, verdict, scores.num_pending)
+
+    def estimates(self) -> dict | None:
+        return None if self.policy is None else self.policy.estimates()

@@ -31,8 +31,11 @@ class NoDrafter:
     def propose(self, generated: list[int]) -> Draft:
         return Draft.empty()
 
-    def observe(self, verdict, scores) -> None:
+    def observe(self, verdict, scores, step=None) -> None:
         pass
+
+    def estimates(self) -> dict | None:
+        return None
 
 
 class ModelDrafter:
@@ -45,66 +48,78 @@ class ModelDrafter:
         self.needs_visual_attention = prune is not None
         self.name = ("self" if backend is None else "model") + ("+pruned" if prune else "")
         self.state: DecodeState | None = None
+        self.planner: growth.TreePlanner | None = None  # made at start(), on the drafting model's device
         self.num_fed = 0  # generated tokens already in the draft cache
         self._root_logits: torch.Tensor | None = None  # draft logits after the last fed token
 
     def start(self, target: Backend, inputs: PreparedInputs, target_state: DecodeState, clock) -> dict:
-        """Prefill the draft (after pruning, if configured); returns timings and token counts."""
+        """Prefill the draft (after pruning, if configured); returns timings and token counts.
+
+        The draft reuses the target's prepared inputs (no second frame preprocessing) and, when the
+        target drafts for itself, the target's input embeddings (no second run of the vision tower).
+        """
         t0 = clock()
         keep = None
         if self.prune is not None and inputs.num_visual_tokens:
             keep = select_visual_tokens(target_state.extra["visual_attention"], self.prune)
         t1 = clock()
         backend = self.backend or target
-        draft_inputs = inputs if backend is target else backend.prepare(*inputs.extra["request"])
+        draft_inputs = inputs if backend is target else backend.adopt_inputs(inputs, target)
         if backend is not target and draft_inputs.num_visual_tokens != inputs.num_visual_tokens:
             raise ValueError("draft and target disagree on the number of visual tokens "
                              f"({draft_inputs.num_visual_tokens} vs {inputs.num_visual_tokens}): they must "
                              "share the visual-token layout")
         self.state, _ = backend.prefill(draft_inputs, keep_visual=keep)
         self.active = backend
+        if self.planner is None or self.planner.grower.device != backend.device:
+            self.planner = growth.TreePlanner(self.tree, backend.device)  # estimates last the whole run
         self.num_fed = 0
         kept = inputs.num_visual_tokens if keep is None else int(keep.numel())
         return {"prune_s": t1 - t0, "draft_prefill_s": clock() - t1, "kept_visual_tokens": kept}
 
-    def observe(self, verdict, scores) -> None:
-        pass
+    def observe(self, verdict, scores, step=None) -> None:
+        if step is not None:
+            self.planner.observe(verdict, scores, step)
+
+    def estimates(self) -> dict | None:
+        return None if self.planner is None else self.planner.estimates()
 
     def propose(self, generated: list[int]) -> Draft:
+        shape, plan = self.planner.next_shape()
+        if shape is None:  # the policy expects no draft to pay this step: the target decodes alone
+            return Draft.empty(self.active.device, plan)
         root_logits = self._refeed(generated)
         try:
-            return self._grow(root_logits)
+            return self._grow(shape, plan, root_logits)
         finally:
-            self.active.keep(self.state, [])  # drop the tree's temporary entries
+            self.active.keep(self.state, 0)  # drop the tree's temporary entries
 
     def _refeed(self, generated: list[int]) -> torch.Tensor:
         """Feed committed tokens not yet in the draft cache; return logits after the last one."""
         new = generated[self.num_fed:]
         if not new:  # proposed again with nothing committed since: same root as last time
             return self._root_logits
-        st = self.state
+        st, device = self.state, self.active.device
         st.pending = []
-        offsets = torch.arange(len(new))
-        visible = torch.tril(torch.ones(len(new), len(new), dtype=torch.bool))
-        logits, _ = self.active.forward(st, torch.tensor(new), offsets, visible)
-        self.active.keep(st, list(range(len(new))))
+        offsets = torch.arange(len(new), device=device)
+        logits, _ = self.active.forward(st, torch.tensor(new, device=device), offsets, None)  # causal
+        self.active.keep(st, len(new))
         self.num_fed = len(generated)
         self._root_logits = logits[-1]
         return self._root_logits
 
-    def _grow(self, root_logits: torch.Tensor) -> Draft:
-        """Expand the tree level by level (growth.grow); each level is one batched draft forward."""
-        slots: dict[int, int] = {}  # candidate index -> temporary cache index
+    def _grow(self, shape, plan, root_logits: torch.Tensor) -> Draft:
+        """Grow the step's tree (growth.Grower); each level after the first is one batched draft
+        forward whose nodes see the committed prefix and their own ancestors."""
+        st = self.state
 
-        def feed(cands, frontier: list[int], depth: int) -> torch.Tensor:
-            st = self.state
-            visible = growth.ancestor_visibility(cands, frontier, slots, st.temp_len)
-            tokens = torch.tensor([cands[c].token for c in frontier])
+        def feed(tokens: torch.Tensor, visible: torch.Tensor, parent_rows: torch.Tensor, depth: int) -> torch.Tensor:
             # The root sits at offset -1 (it is the last committed token); a node at depth d at d - 1.
-            logits, _ = self.active.forward(st, tokens, torch.full((len(frontier),), depth - 1), visible)
+            offsets = torch.full((tokens.numel(),), depth - 1, device=tokens.device)
+            logits, _ = self.active.forward(st, tokens, offsets, visible)
             return logits
 
-        return growth.grow(self.tree, root_logits, feed)
+        return self.planner.grow(shape, plan, root_logits, feed)
 
 
 def wall_clock() -> float:

@@ -186,6 +186,7 @@ class SparrowDrafter:
         self.last_prompt_h: torch.Tensor | None = None
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, out) after the last fed token
         self.num_generated = 0
+        self.planner: growth.TreePlanner | None = None  # the draft shape policy, made on first use
 
     # ---- protocol -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -205,15 +206,20 @@ class SparrowDrafter:
     @torch.no_grad()
     def propose(self, generated: list[int]) -> Draft:
         self.num_generated = len(generated)
+        if self.planner is None:
+            self.planner = growth.TreePlanner(self.tree, self.target.device)  # lasts the whole run
+        shape, plan = self.planner.next_shape()
+        if shape is None:  # the draft policy expects no draft to pay this step
+            return Draft.empty(self.target.device, plan)
         try:
             logits, out, tail = self._catch_up(generated)
-            return self._grow(logits, out, tail, len(generated) - 1)
+            return self._grow(shape, plan, logits, out, tail, len(generated) - 1)
         finally:
             crop_cache(self.cache, self.cache_len)  # drop the tail's and the tree's temporary entries
             self.temp_len = 0
 
     @torch.no_grad()
-    def observe(self, verdict, scores) -> None:
+    def observe(self, verdict, scores, step=None) -> None:
         """Record the target's true h for the pending tokens and the accepted cached nodes."""
         p = scores.num_pending
         if len(self.known) + p != self.num_generated:
@@ -222,6 +228,11 @@ class SparrowDrafter:
         hidden = scores.hidden[FINAL]  # [num_pending + num_nodes, hidden]
         self.known.extend(hidden[:p].unbind(0))
         self.known.extend(hidden[p + node] for node in verdict.path[: verdict.num_cached])
+        if step is not None:
+            self.planner.observe(verdict, scores, step)
+
+    def estimates(self) -> dict | None:
+        return None if self.planner is None else self.planner.estimates()
 
     # ---- head forwards ------------------------------------------------------------------------
     def _run(self, tokens: torch.Tensor, prev: torch.Tensor, positions: torch.Tensor,
@@ -272,22 +283,22 @@ class SparrowDrafter:
             logits, out = logits[0], out[0]
         return logits, out, len(generated) - stop
 
-    def _grow(self, root_logits: torch.Tensor, root_out: torch.Tensor, tail: int, root_index: int) -> Draft:
+    def _grow(self, shape, plan, root_logits: torch.Tensor, root_out: torch.Tensor, tail: int,
+              root_index: int) -> Draft:
         """Grow the tree; a node's h is its parent's head output (the root's included)."""
-        outs = {-1: root_out}
-        slots: dict[int, int] = {}
+        outs = [root_out[None]]  # row 0: the root's head output; then each fed node's, in feed order
         root_pos = self.num_text + root_index
 
-        def feed(cands, frontier: list[int], depth: int) -> torch.Tensor:
-            visible = growth.ancestor_visibility(cands, frontier, slots, self.temp_len)
-            visible[:, :tail] = True
-            tokens = torch.tensor([cands[c].token for c in frontier])
-            prev = torch.stack([outs[cands[c].parent] for c in frontier])
-            logits, out = self._run(tokens, prev, torch.full((len(frontier),), root_pos + depth), visible)
-            outs.update({c: out[row] for row, c in enumerate(frontier)})
+        def feed(tokens: torch.Tensor, visible: torch.Tensor, parent_rows: torch.Tensor, depth: int) -> torch.Tensor:
+            m = tokens.numel()
+            visible = torch.cat([torch.ones(m, tail, dtype=torch.bool, device=visible.device), visible], dim=1)
+            prev = torch.cat(outs)[parent_rows + 1]
+            positions = torch.full((m,), root_pos + depth, device=tokens.device)
+            logits, out = self._run(tokens, prev, positions, visible)
+            outs.append(out)
             return logits
 
-        return growth.grow(self.tree, root_logits, feed)
+        return self.planner.grow(shape, plan, root_logits, feed)
 
 
 # ---- the method's factory -------------------------------------------------------------------------

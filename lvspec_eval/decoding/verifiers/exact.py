@@ -4,24 +4,21 @@ Output is token-identical to greedy decoding of the target (Leviathan et al. 202
 tree form is SpecInfer / EAGLE's)."""
 from __future__ import annotations
 
-import torch
-
 from .. import tree
 from ..types import EXACT, TARGET, Draft, Scores, Verdict
 
 
-def greedy_path(draft: Draft, target_tokens: torch.Tensor) -> list[int]:
+def greedy_path(tokens: list[int], parents: list[int], target_tokens: list[int]) -> list[int]:
     """Follow the tree from the root while a child carries the target's token at its parent.
 
-    target_tokens: [num_nodes + 1]; entry 0 is the target's choice after the root, entry i + 1
-    its choice after node i. Siblings carry distinct tokens, so the path is unique.
+    tokens, parents: the draft's nodes (host lists). target_tokens: [num_nodes + 1]; entry 0 is the
+    target's choice after the root, entry i + 1 its choice after node i. Siblings carry distinct
+    tokens, so the path is unique.
     """
-    kids = tree.children(draft.parents)
-    tokens = draft.tokens.tolist()
-    want = target_tokens.tolist()
+    kids = tree.children(parents)
     path, node = [], -1
     while True:
-        nxt = next((c for c in kids[node + 1] if tokens[c] == want[node + 1]), None)
+        nxt = next((c for c in kids[node + 1] if tokens[c] == target_tokens[node + 1]), None)
         if nxt is None:
             return path
         path.append(nxt)
@@ -33,8 +30,8 @@ class ExactVerifier:
     hidden_layers: tuple[int, ...] = ()
 
     def verify(self, draft: Draft, scores: Scores, visual_hidden: dict | None = None) -> Verdict:
-        target = scores.logits.argmax(-1)
-        path = greedy_path(draft, target)
+        view = scores.host_view(draft)  # the step's one device-to-host transfer
+        path = greedy_path(view.tokens, view.parents, view.target)
         last = path[-1] if path else -1
-        tokens = [int(draft.tokens[i]) for i in path] + [int(target[last + 1])]
+        tokens = [view.tokens[i] for i in path] + [view.target[last + 1]]
         return Verdict(tokens=tokens, path=path, num_cached=len(path), kinds=[EXACT] * len(path) + [TARGET])

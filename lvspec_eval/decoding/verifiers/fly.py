@@ -67,14 +67,15 @@ class FlyVerifier:
         return f"FlyVerifier(entropy={self.entropy}, window={self.window}, k={self.k})"
 
     def verify(self, draft: Draft, scores: Scores, visual_hidden: dict | None = None) -> Verdict:
-        target = scores.logits.argmax(-1)  # [num_nodes + 1]
-        chain = loose.draft_chain(draft, target)
+        # the entropy of every row travels with the step's one transfer (rows are few)
+        view = scores.host_view(draft, extra=(loose.topk_entropy(scores.logits),))
+        chain = loose.draft_chain(view)
         rows = [parent + 1 for parent in [-1] + chain[:-1]][: len(chain)]  # logits row judging each node
-        proposed = draft.tokens[chain].tolist()
-        match = [t == int(target[r]) for t, r in zip(proposed, rows)]
-        entropy = loose.topk_entropy(scores.logits[rows]).tolist()
+        proposed = [view.tokens[c] for c in chain]
+        match = [t == view.target[r] for t, r in zip(proposed, rows)]
+        entropy = [view.extra[0][r] for r in rows]
         kinds = fly_accept(match, entropy, self.entropy, self.window)
         path = chain[: len(kinds)]
         last = path[-1] if path else -1
-        tokens = proposed[: len(kinds)] + [int(target[last + 1])]
+        tokens = proposed[: len(kinds)] + [view.target[last + 1]]
         return Verdict(tokens=tokens, path=path, num_cached=len(path), kinds=kinds + [TARGET])

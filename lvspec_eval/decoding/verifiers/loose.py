@@ -130,28 +130,29 @@ class VisualIndex:
 
     def relevance(self, hidden: torch.Tensor, topn: int) -> torch.Tensor:
         """[rows] mean of the top-`topn` cosine similarities of each row of hidden [rows, dim] to
-        the visual states. No visual tokens -> 0 for every row. Returned on the CPU."""
+        the visual states. No visual tokens -> 0 for every row. Returned on the visual states'
+        device (the caller copies what it needs to the host, once)."""
         if self.unit.shape[0] == 0:
-            return torch.zeros(hidden.shape[0])
+            return torch.zeros(hidden.shape[0], device=self.unit.device)
         hidden = hidden.float().to(self.unit.device)
         queries = unit_rows(hidden - self.mean if self.mean is not None else hidden)
         sims = queries @ self.unit.T  # [rows, num_visual]
-        return sims.topk(min(topn, self.unit.shape[0]), dim=-1).values.mean(-1).cpu()
+        return sims.topk(min(topn, self.unit.shape[0]), dim=-1).values.mean(-1)
 
 
 # ---- walking a draft ----------------------------------------------------------------------------
 
-def draft_chain(draft: Draft, target_tokens: torch.Tensor) -> list[int]:
+def draft_chain(view) -> list[int]:
     """One root-to-leaf path: at each node the child carrying the target's token, else the
     draft's favourite child (highest draft score; the first child when scores are unknown).
 
+    view: the step's HostView (draft tokens, parents, scores and the target's tokens as lists).
     For a chain draft this is the whole chain. Lets a chain-only rule (FLy) run on any tree.
     """
-    kids = tree.children(draft.parents)
-    tokens, want = draft.tokens.tolist(), target_tokens.tolist()
+    kids = tree.children(view.parents)
     path, node = [], -1
     while kids[node + 1]:
-        match = next((c for c in kids[node + 1] if tokens[c] == want[node + 1]), None)
-        node = match if match is not None else tree.best_child(draft.parents, draft.scores, node)
+        match = next((c for c in kids[node + 1] if view.tokens[c] == view.target[node + 1]), None)
+        node = match if match is not None else tree.best_child(view.parents, view.scores, node)
         path.append(node)
     return path

@@ -152,13 +152,12 @@ def _exact_run(j: Judged, node: int, limit: int) -> int:
     return run
 
 
-def _children_by_score(draft: Draft) -> list[list[int]]:
+def _children_by_score(parents: list[int], scores: list[float] | None) -> list[list[int]]:
     """tree.children, each list sorted by falling draft score (kept in order when unknown)."""
-    kids = tree.children(draft.parents)
-    if draft.scores is None:
+    kids = tree.children(parents)
+    if scores is None:
         return kids
-    score = draft.scores.tolist()
-    return [sorted(k, key=lambda c: -score[c]) for k in kids]
+    return [sorted(k, key=lambda c: -scores[c]) for k in kids]
 
 
 class LVSpecVerifier:
@@ -191,32 +190,38 @@ class LVSpecVerifier:
 
     def verify(self, draft: Draft, scores: Scores, visual_hidden: dict | None = None) -> Verdict:
         logits = scores.logits  # [num_nodes + 1, vocab]
-        target = logits.argmax(-1)
-        judging = logits[draft.parents.long().cpu() + 1]  # [num_nodes, vocab]: the row that judges each node
+        parents = draft.parents.to(logits.device)
+        judging = logits[parents + 1]  # [num_nodes, vocab]: the row that judges each node
         relevance = self.relevance(draft, scores, visual_hidden)  # [num_nodes] or None
         lenient = self.plausible(judging, draft.tokens)
         if relevance is not None:
+            relevance = relevance.to(logits.device)
             lenient &= relevance < self.threshold
         preference = judging.float().gather(-1, draft.tokens.view(-1, 1).to(logits.device)).squeeze(-1)
-        walk = lvspec_walk(Judged(draft.tokens.tolist(), target.tolist(), lenient.tolist(), preference.tolist(),
-                                  _children_by_score(draft)), self.pst_window, self.options["pst_confirm"])
+        # the three per-node columns the walk reads travel with the step's one transfer
+        view = scores.host_view(draft, extra=(lenient.float(), preference, torch.zeros_like(preference)
+                                              if relevance is None else relevance.float()))
+        lenient_h, preference_h, relevance_h = view.extra
+        walk = lvspec_walk(Judged(view.tokens, view.target, [x > 0.5 for x in lenient_h], preference_h,
+                                  _children_by_score(view.parents, view.scores)),
+                           self.pst_window, self.options["pst_confirm"])
         last = walk.path[-1] if walk.path else -1
-        tokens = [int(draft.tokens[c]) for c in walk.path] + [int(target[last + 1])]
+        tokens = [view.tokens[c] for c in walk.path] + [view.target[last + 1]]
         # The target's token is recorded with the relevance of the draft token it replaced (the
         # draft's favourite there, whose token the loop records as `replaced`; with
         # lv_anchor=parent, the relevance of the slot itself), or None when the draft had nothing
         # there (a bonus token).
-        rejected = tree.best_child(draft.parents, draft.scores, last)
-        rel = None if relevance is None else [float(relevance[c]) for c in walk.path] + [
-            None if rejected is None else float(relevance[rejected])]
+        rejected = tree.best_child(view.parents, view.scores, last)
+        rel = None if relevance is None else [relevance_h[c] for c in walk.path] + [
+            None if rejected is None else relevance_h[rejected]]
         return Verdict(tokens=tokens, path=walk.path, num_cached=walk.num_cached, kinds=walk.kinds + [TARGET],
                        relevance=rel)
 
     def plausible(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """[rows] bool: the target would not mind `tokens` (one per row of `logits`)."""
         if self.options["lv_loose"] == "topk":
-            return (loose.target_rank(logits, tokens) < self.options["lv_topk"]).cpu()
-        return (loose.prob_ratio(logits, tokens) >= self.options["lv_lambda"]).cpu()
+            return loose.target_rank(logits, tokens) < self.options["lv_topk"]
+        return loose.prob_ratio(logits, tokens) >= self.options["lv_lambda"]
 
     def relevance(self, draft: Draft, scores: Scores, visual_hidden: dict | None) -> torch.Tensor | None:
         """[num_nodes] visual relevance of each node's token (None when lv_relevance=off)."""
@@ -227,8 +232,9 @@ class LVSpecVerifier:
                              "and the visual tokens; the backend did not record them")
         hidden = scores.hidden[self.layer]  # [num_pending + num_nodes, dim]; node i at row p + i, root at p - 1
         p = scores.num_pending
-        rows = p + (draft.parents.long().cpu() if self.anchor == "parent" else torch.arange(draft.num_nodes))
-        return self._index(visual_hidden[self.layer]).relevance(hidden[rows.to(hidden.device)], self.topn)
+        rows = p + (draft.parents.to(hidden.device) if self.anchor == "parent"
+                    else torch.arange(draft.num_nodes, device=hidden.device))
+        return self._index(visual_hidden[self.layer]).relevance(hidden[rows], self.topn)
 
     def _index(self, visual: torch.Tensor) -> loose.VisualIndex:
         """Index a sample's visual states once (the loop passes the same tensor every step)."""

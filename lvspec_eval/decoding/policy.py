@@ -1,0 +1,242 @@
+"""Cost-aware adaptive drafting (`tree=adaptive`): choose each step's draft from what the run measures.
+
+Speculation pays when the tokens a step commits outweigh what the step costs against plain
+decoding. Both sides depend on the pair and the hardware: on a CPU a 17-node verification costs
+2-2.5x a one-token step, on a GPU about the same as one token; a 0.5B draft costs a third of a
+1.5B target, the demo's draft an eighth. So the policy measures, per run and on the device in use:
+
+- what a target forward over t tokens costs:   verify(t) = a + b t           (online least squares)
+- what drafting costs:                         draft(L, F) = r + c L + e F   (L levels fed, F nodes fed)
+- how often the target takes the draft's token: per tree width w, the chance c_w that the step's
+  path goes one level deeper (the target's token is among the w children the draft kept), from the
+  acceptances it observes (decayed counts, so it follows easy and hard stretches of a run);
+- how likely each node is to be accepted, from the draft's own probability q of its token,
+  calibrated online: f(q) = the observed acceptance rate of nodes whose draft probability fell in
+  q's bin (prior f(q) = q).
+
+Each step it picks the plan (depth D, width w) with the highest expected rate
+    rate(D, w) = (1 + sum_{d=1..D} c_w^d) / (draft(D - 1, w (D - 1)) + verify(1 + w D)),
+or no draft at all when plain decoding, rate 1 / verify(1), is faster (then it probes again after
+1, 2, 4, ... steps, so a run can recover). After growing the tree it keeps the n nodes with the
+highest calibrated path values v (the product of f(q) along the path: the chance that the path to
+the node is accepted), n maximising (1 + sum of the n best v) / (draft so far + verify(1 + n)).
+Anchors: transformers' assisted generation (a draft length that grows and shrinks), SpecDec++ (stop
+where the predicted rejection probability is high), EAGLE-2 (confidence-ranked dynamic trees).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .tree import Shape, dynamic_shape
+from .types import HostView, StepStats, Verdict
+
+NUM_BINS = 10  # calibration bins of the draft's probability
+
+
+class OnlineLinear:
+    """Least squares y = theta . x with exponential forgetting and a weak prior (ridge towards
+    `prior`, worth about `prior_weight` observations), so a fit exists from the first observation.
+    Plain numpy on the host: these are a few numbers per step, never device tensors."""
+
+    def __init__(self, num_features: int, decay: float = 0.98, prior_weight: float = 1.0):
+        self.decay, self.prior_weight = decay, prior_weight
+        self.xtx = np.zeros((num_features, num_features))
+        self.xty = np.zeros(num_features)
+        self.prior: np.ndarray | None = None
+        self.count = 0
+        self._theta: np.ndarray | None = None
+
+    def add(self, x: list[float], y: float) -> None:
+        v = np.asarray(x, dtype=np.float64)
+        self.xtx = self.decay * self.xtx + np.outer(v, v)
+        self.xty = self.decay * self.xty + v * y
+        self.count += 1
+        self._theta = None
+
+    def theta(self) -> np.ndarray | None:
+        if self.prior is None:
+            return None
+        if self._theta is None:
+            # the ridge is scaled to the features' size so the prior counts like a few observations
+            scale = np.maximum(np.diagonal(self.xtx) / max(self.count, 1), 1.0)
+            reg = self.prior_weight * np.diag(scale)
+            self._theta = np.clip(np.linalg.solve(self.xtx + reg, self.xty + reg @ self.prior), 0.0, None)
+        return self._theta
+
+    def predict(self, x: list[float]) -> float:
+        th = self.theta()
+        return float(th @ np.asarray(x, dtype=np.float64)) if th is not None else math.nan
+
+
+@dataclass
+class Rate:
+    """A decayed success rate with a prior (successes, trials)."""
+
+    prior: tuple[float, float]
+    decay: float = 0.97
+    hits: float = 0.0
+    trials: float = 0.0
+
+    def add(self, hits: int, trials: int) -> None:
+        self.hits = self.decay * self.hits + hits
+        self.trials = self.decay * self.trials + trials
+
+    @property
+    def value(self) -> float:
+        return (self.hits + self.prior[0]) / (self.trials + self.prior[1])
+
+
+@dataclass
+class Calibration:
+    """f(q): the acceptance rate of draft nodes whose draft probability q fell in each bin."""
+
+    decay: float = 0.995
+    hits: list[float] = field(default_factory=lambda: [0.0] * NUM_BINS)
+    trials: list[float] = field(default_factory=lambda: [0.0] * NUM_BINS)
+
+    @staticmethod
+    def bin(q: float) -> int:
+        return min(int(q * NUM_BINS), NUM_BINS - 1)
+
+    def add(self, q: float, accepted: bool) -> None:
+        b = self.bin(q)
+        self.hits = [h * self.decay for h in self.hits]
+        self.trials = [t * self.decay for t in self.trials]
+        self.hits[b] += accepted
+        self.trials[b] += 1
+
+    def table(self) -> list[float]:
+        """f per bin; the prior is the bin's mid probability, worth one observation."""
+        return [(h + (b + 0.5) / NUM_BINS) / (t + 1) for b, (h, t) in enumerate(zip(self.hits, self.trials))]
+
+
+class AdaptivePolicy:
+    """Per-run estimates and the per-step choice of draft shape (see the module docstring)."""
+
+    def __init__(self, max_depth: int, max_width: int, max_nodes: int, device: torch.device):
+        self.max_depth, self.max_nodes, self.device = max_depth, max_nodes, device
+        self.widths = [w for w in (1, 2, 4, 8, 16) if w <= max_width] or [1]
+        # weak priors (a tenth of an observation): the first step of a run can carry one-time costs
+        self.verify = OnlineLinear(2, prior_weight=0.1)  # [1, tokens]
+        self.draft = OnlineLinear(3, prior_weight=0.1)  # [1, levels fed, nodes fed]
+        self.accept = {w: Rate(prior=(2.0, 3.0)) for w in self.widths}
+        self.calibration = Calibration()
+        self._table = torch.tensor(self.calibration.table(), device=device).log()
+        self._table_age = 0
+        self.skipped = 0  # steps decoded without a draft since the last probe
+        self.probe_every = 1
+
+    # ---- choosing ---------------------------------------------------------------------------------
+    def plan(self) -> tuple[Shape | None, dict]:
+        """This step's shape (None: no draft) and the estimates behind the choice."""
+        if self.verify.prior is None:  # nothing measured yet: a one-token probe (cheapest draft)
+            return dynamic_shape(1, 1, 1, None), {"depth": 1, "width": 1, "reason": "probe"}
+        vanilla = 1.0 / self.verify.predict([1, 1])
+        best = max(((self._rate(d, w), d, w) for w in self.widths for d in range(1, self.max_depth + 1)))
+        rate, depth, width = best
+        info = {"depth": depth, "width": width, "est_rate": rate, "vanilla_rate": vanilla,
+                "est_accept": self.accept_rate(width)}
+        if rate < vanilla:
+            self.skipped += 1
+            if self.skipped < self.probe_every:
+                return None, {**info, "depth": 0, "width": 0, "reason": "no draft pays"}
+            self.probe_every *= 2  # probe again, less often each time it does not pay
+            info["reason"] = "probe"
+        else:
+            self.probe_every = 1
+        self.skipped = 0
+        return dynamic_shape(depth, width, width, None), info
+
+    def accept_rate(self, width: int) -> float:
+        """c_w. A width not tried much borrows from the next narrower one: its prior (worth two
+        steps) assumes doubling the width removes 30% of the narrower width's misses."""
+        narrower = [w for w in self.widths if w < width]
+        if not narrower:
+            return self.accept[width].value
+        base = self.accept_rate(narrower[-1])
+        r = self.accept[width]
+        return max(base, (r.hits + 2 * (1 - 0.7 * (1 - base))) / (r.trials + 2))
+
+    def _rate(self, depth: int, width: int) -> float:
+        # optimism for widths tried little (it fades with their trials), so one unlucky step does
+        # not rule a width out for the rest of the run
+        c = min(0.99, self.accept_rate(width) + 0.3 / (1.0 + self.accept[width].trials))
+        expected = 1.0 + sum(c ** d for d in range(1, depth + 1))
+        nodes = min(width * depth, self.max_nodes)
+        cost = self.draft.predict([1, depth - 1, width * (depth - 1)]) + self.verify.predict([1, 1 + nodes])
+        return expected / cost if cost > 0 else 0.0
+
+    def node_value(self, logp: torch.Tensor) -> torch.Tensor:
+        """log f(q) of each node's draft probability (on the device; summed along paths)."""
+        bins = (logp.exp() * NUM_BINS).long().clamp(0, NUM_BINS - 1)
+        return self._table[bins]
+
+    def choose_total(self, values: torch.Tensor, levels_fed: int, nodes_fed: int) -> int:
+        """How many nodes to verify, from the grown tree's calibrated path values (one transfer)."""
+        v = sorted(math.exp(x) for x in values.tolist())[::-1][: self.max_nodes]
+        spent = self.draft.predict([1, levels_fed, nodes_fed])
+        best_n, best, gain = 0, -1.0, 1.0
+        for n in range(len(v) + 1):
+            gain += v[n - 1] if n else 0.0
+            rate = gain / (spent + self.verify.predict([1, 1 + n]))
+            if rate > best:
+                best_n, best = n, rate
+        return best_n
+
+    # ---- learning ---------------------------------------------------------------------------------
+    def observe(self, step: StepStats, view: HostView | None, verdict: Verdict, num_pending: int) -> None:
+        plan = step.plan or {}
+        depth, width = plan.get("depth", 0), plan.get("width", 0)
+        self.verify.add([1, num_pending + step.num_draft_nodes], step.verify_s)
+        if depth:
+            self.draft.add([1, depth - 1, plan.get("nodes_fed", 0)], step.draft_s)
+        if self.verify.prior is None:
+            t = step.verify_s
+            self.verify.prior = np.array([t, 0.05 * t])
+        if self.draft.prior is None and depth:
+            unit = step.draft_s / depth
+            self.draft.prior = np.array([unit, unit, 0.05 * unit])
+        if view is None or not step.num_draft_nodes:
+            return
+        kids = [[] for _ in range(len(view.parents) + 1)]
+        for i, p in enumerate(view.parents):
+            kids[p + 1].append(i)
+        if view.scores is not None:  # siblings by falling draft score: a child's rank
+            kids = [sorted(k, key=lambda c: -view.scores[c]) for k in kids]
+        ranks, node, tried_last = [], -1, False
+        for nxt in verdict.path + [None]:
+            options = kids[node + 1]
+            tried_last = bool(options)
+            for c in options:
+                if view.probs is not None:
+                    self.calibration.add(view.probs[c], c == nxt)
+            if nxt is None or nxt not in options:  # the end (or a loose verifier's shifted jump)
+                break
+            ranks.append(options.index(nxt))
+            node = nxt
+        # Every narrower width learns from this step too: under width w the path would have
+        # stopped at the first accepted child of rank >= w.
+        for w in self.widths:
+            if w > max(width, 1):
+                break
+            depth_w = next((i for i, r in enumerate(ranks) if r >= w), len(ranks))
+            stopped = depth_w < len(ranks) or tried_last
+            self.accept[w].add(depth_w, depth_w + int(stopped))
+        self._table_age += 1
+        if self._table_age >= 8:  # refresh the device copy now and then (one small host-to-device copy)
+            self._table = torch.tensor(self.calibration.table(), device=self.device).log()
+            self._table_age = 0
+
+    def estimates(self) -> dict:
+        """The current estimates, for the stats record (so a user can see why it drafted as it did)."""
+        def fit(model: OnlineLinear) -> list[float] | None:
+            th = model.theta()  # seconds: [intercept, per token] / [intercept, per level, per node]
+            return None if th is None else [round(float(x), 6) for x in th]
+
+        return {"verify_cost_fit": fit(self.verify), "draft_cost_fit": fit(self.draft),
+                "accept_by_width": {str(w): round(self.accept_rate(w), 4) for w in self.widths},
+                "calibration": [round(x, 4) for x in self.calibration.table()]}

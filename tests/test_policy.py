@@ -1,0 +1,118 @@
+"""The adaptive draft policy decides from what it measures: fed simulated steps whose costs and
+acceptances follow a known world, it must pick what pays in that world. The same code, two cost
+regimes: a GPU-like target whose forward costs the same for 1 or 60 tokens (wide trees pay) and a
+CPU-like one whose cost grows with the tokens (narrow chains pay); and a draft too slow to pay,
+where it must stop drafting (and still probe now and then)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lvspec_eval.decoding.policy import AdaptivePolicy, Calibration, OnlineLinear
+from lvspec_eval.decoding.types import HostView, StepStats, Verdict
+
+# chance that the target's token is among the draft's w best children (the draft's rank coverage):
+# a draft whose second and third guesses often hold the target's token (width pays if nodes are
+# cheap), and one that is mostly right first time (width barely helps)
+BROAD = {1: 0.6, 2: 0.75, 3: 0.82, 4: 0.87, 8: 0.93}
+SHARP = {1: 0.8, 2: 0.85, 3: 0.87, 4: 0.88, 8: 0.9}
+
+
+def simulate(policy: AdaptivePolicy, verify_cost, draft_level_cost: float, steps: int, seed: int = 0,
+             coverage: dict = SHARP):
+    """Run `steps` simulated steps; return the plans chosen (depth, width; 0, 0 = no draft)."""
+    rng = random.Random(seed)
+    chosen = []
+    for _ in range(steps):
+        shape, plan = policy.plan()
+        if shape is None:
+            step = StepStats(0, 0, 0.0, verify_cost(1), plan)
+            policy.observe(step, None, Verdict([1], [], 0, ["target"]), 1)
+            chosen.append((0, 0))
+            continue
+        plan["nodes_fed"] = sum(lv.expand if isinstance(lv.expand, int) else 1 for lv in shape.levels[1:])
+        parents, path, level_start, prev_start = [], [], 0, None
+        for depth, level in enumerate(shape.levels, start=1):
+            for row in level.rows:  # the level above's row-th node (its w best come first)
+                parents.append(-1 if prev_start is None else prev_start + row)
+            prev_start, level_start = level_start, level_start + len(level.rows)
+        node = -1
+        while True:  # walk: the target's token has the draft rank drawn below; accepted if that child exists
+            kids = [i for i, p in enumerate(parents) if p == node]
+            u = rng.random()
+            rank = next((w - 1 for w in sorted(coverage) if u < coverage[w]), None)  # None: beyond rank 8
+            if not kids or rank is None or rank >= len(kids):
+                break
+            node = kids[rank]
+            path.append(node)
+        n = len(parents)
+        view = HostView(tokens=list(range(n)), parents=parents, scores=None, probs=[0.7] * n,
+                        target=[0] * (n + 1), margins=[1.0] * (n + 1))
+        draft_s = draft_level_cost * shape.depth + 0.002 * plan["nodes_fed"]
+        step = StepStats(n, len(path), draft_s, verify_cost(1 + n), plan)
+        policy.observe(step, view, Verdict([0] * (len(path) + 1), path, len(path), ["exact"] * len(path) + ["target"]),
+                       1)
+        chosen.append((plan["depth"], plan["width"]))
+    return chosen
+
+
+def make_policy():
+    return AdaptivePolicy(max_depth=10, max_width=8, max_nodes=64, device=torch.device("cpu"))
+
+
+def test_gpu_like_costs_pick_wide_trees():
+    policy = make_policy()
+    chosen = simulate(policy, lambda t: 1.0 + 0.0005 * t, draft_level_cost=0.02, steps=150, coverage=BROAD)
+    late = chosen[-50:]
+    assert sum(w for _, w in late) / len(late) >= 4, late  # wide: verifying 60 nodes is nearly free
+    assert all(d >= 3 for d, _ in late)
+
+
+def test_cpu_like_costs_pick_narrow_chains():
+    policy = make_policy()
+    chosen = simulate(policy, lambda t: 1.0 + 0.12 * t, draft_level_cost=0.1, steps=150, coverage=SHARP)
+    late = chosen[-50:]
+    assert sum(w for _, w in late) / len(late) <= 1.5, late  # narrow: every node costs 12% of a step
+    assert all(d >= 1 for d, _ in late)
+
+
+def test_same_draft_different_hardware():
+    """The same broad draft: wide on the GPU-like target, narrower on the CPU-like one."""
+    gpu = simulate(make_policy(), lambda t: 1.0 + 0.0005 * t, 0.02, 150, coverage=BROAD)[-50:]
+    cpu = simulate(make_policy(), lambda t: 1.0 + 0.12 * t, 0.1, 150, coverage=BROAD)[-50:]
+    assert sum(w * d for d, w in gpu) > 2 * sum(w * d for d, w in cpu)  # nodes verified per step
+
+
+def test_a_draft_that_cannot_pay_is_switched_off_but_probed():
+    policy = make_policy()
+    chosen = simulate(policy, lambda t: 1.0 + 0.12 * t, draft_level_cost=1.5, steps=120)
+    late = chosen[-60:]
+    drafted = sum(1 for d, _ in late if d)
+    assert drafted <= 6, late  # mostly plain decoding ...
+    assert drafted >= 1  # ... with a probe now and then (1, 2, 4, ... steps apart)
+
+
+def test_first_step_is_a_one_token_probe():
+    shape, plan = make_policy().plan()
+    assert shape.depth == 1 and shape.num_nodes == 1 and plan["reason"] == "probe"
+
+
+def test_online_linear_recovers_a_line_and_forgets():
+    fit = OnlineLinear(2, decay=0.9, prior_weight=0.1)
+    fit.prior = torch.tensor([1.0, 0.0]).numpy()
+    for n in range(1, 40):
+        fit.add([1, n % 7], 2.0 + 0.5 * (n % 7))
+    assert fit.predict([1, 10]) == pytest.approx(7.0, rel=0.02)
+    for n in range(1, 80):  # the machine got slower: the fit follows
+        fit.add([1, n % 7], 4.0 + 0.5 * (n % 7))
+    assert fit.predict([1, 0]) == pytest.approx(4.0, rel=0.05)
+
+
+def test_calibration_learns_that_confident_drafts_miss():
+    cal = Calibration()
+    for i in range(400):
+        cal.add(0.95, i % 4 == 0)  # a draft 95% sure that is right a quarter of the time
+    assert cal.table()[9] == pytest.approx(0.25, abs=0.05)
+    assert cal.table()[2] == pytest.approx(0.25, abs=1e-6)  # untouched bins keep their prior (bin middle)
