@@ -204,3 +204,18 @@ def test_every_method_decodes_with_both_models_split_over_two_devices(method, tw
     with TwoDevices():
         tokens = _decode(target, draft, method, video)
     assert tokens == one_device_tokens[method]
+
+
+def test_the_clock_waits_for_every_cuda_device(monkeypatch):
+    """With a device_map the models span several GPUs: the loop's clock must synchronise each of
+    them (it synchronised only the first before), and none on a CPU-only run."""
+    from lvspec_eval.decoding import loop
+
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(str(device)))
+    clock = loop.make_clock([torch.device("cuda:0"), torch.device("cuda:1"), torch.device("cpu")])
+    clock()
+    assert synced == ["cuda:0", "cuda:1"]
+    synced.clear()
+    loop.make_clock([torch.device("cpu")])()
+    assert synced == []

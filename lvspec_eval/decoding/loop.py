@@ -33,11 +33,15 @@ class Output:
     margins: list[float] = field(default_factory=list)
 
 
-def make_clock(device: torch.device):
-    """A wall clock that waits for queued GPU work first, so timings are not under-read."""
-    if device.type == "cuda":
+def make_clock(devices):
+    """A wall clock that first waits for the work queued on every CUDA device the models use (a
+    device_map spreads them over several), so timings are not under-read."""
+    devices = [devices] if isinstance(devices, (torch.device, str)) else list(devices)
+    cuda = [torch.device(d) for d in devices if torch.device(d).type == "cuda"]
+    if cuda:
         def clock() -> float:
-            torch.cuda.synchronize(device)
+            for device in cuda:
+                torch.cuda.synchronize(device)
             return time.perf_counter()
         return clock
     return time.perf_counter
@@ -46,10 +50,10 @@ def make_clock(device: torch.device):
 @torch.no_grad()
 def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max_new_tokens: int,
              until: tuple[str, ...] = ()) -> Output:
-    clock = make_clock(backend.device)
     stats = SampleStats(dtype=str(backend.model.dtype).removeprefix("torch."))
     draft_model = getattr(getattr(drafter, "backend", None), "model", None)
     devices = memory_devices(backend.model, draft_model)  # every device the models use (device_map)
+    clock = make_clock(devices)
     reset_peak_memory(devices)  # this sample's peak, not the run's
     # 1. Preprocessing (frames to pixels, the prompt to ids), then the target prefill (in two parts
     #    when the drafter prunes by the verifier's attention).
