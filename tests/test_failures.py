@@ -346,11 +346,14 @@ def gpu_check_module():
 def test_gpu_check_verdict_rules():
     check = gpu_check_module()
     sound = {"method": "sd_tree", "failed": 0, "tau": 2.5, "divergence": {"near_tie": 2, "elsewhere": 0}}
-    assert check.row_problems(sound) == []  # near-ties are numerics (bf16), not a problem
-    assert check.row_problems({"method": "vanilla", "failed": 0, "tau": 0.0}) == []
-    assert "a bug" in check.row_problems({**sound, "divergence": {"near_tie": 0, "elsewhere": 1}})[0]
-    assert "tau 0" in check.row_problems({**sound, "tau": 0.0})[0]
-    assert "2 failed samples" in check.row_problems({**sound, "failed": 2})[0]
+    assert check.row_problems(sound, 40, 25) == []  # near-ties are numerics (bf16), not a problem
+    assert check.row_problems({"method": "vanilla", "failed": 0, "tau": 0.0}, 0, 0) == []
+    assert check.row_problems({**sound, "tau": 0.0}, 0, 0) == []  # the adaptive policy drafted nothing
+    assert "a bug" in check.row_problems({**sound, "divergence": {"near_tie": 0, "elsewhere": 1}}, 40, 25)[0]
+    assert "none of its 40 draft tokens was accepted" in check.row_problems({**sound, "tau": 0.0}, 40, 0)[0]
+    assert "2 failed samples" in check.row_problems({**sound, "failed": 2}, 40, 25)[0]
+    records = [{"num_draft_nodes": [4, 4], "accepted_lengths": [3, 0]}, {"num_draft_nodes": [2], "accepted_lengths": [1]}]
+    assert check.drafted(records) == (10, 4)
 
 
 @pytest.mark.slow
