@@ -150,12 +150,15 @@ NUM_PROMPTS, NEW_TOKENS = 6, 32
 def decode_records(path: str, dtype: str, cases, methods=("vanilla", "sd_tree")) -> dict[str, list[dict]]:
     """Each case decoded by each method (Self-SD sd_tree: the target drafts for itself, as in the
     issue's bf16 observation) through the Runner, one stats record per case as lmms-eval's model
-    writes it."""
+    writes it. The tree is a fixed dynamic one: the adaptive default may choose chains, or no draft
+    at all on a model this small, and a chain cannot show a tree-mask fault."""
     from lvspec_eval.backends.loading import load_backend
     from lvspec_eval.runner import Runner, VideoInput
 
     target = load_backend(path, dtype=dtype)
-    runners = {m: Runner(path, method=m, draft="self", dtype=dtype, target_backend=target) for m in methods}
+    options = {m: {} if m == "vanilla" else {"tree": "dynamic"} for m in methods}
+    runners = {m: Runner(path, method=m, draft="self", dtype=dtype, target_backend=target, options=options[m])
+               for m in methods}
     records: dict[str, list[dict]] = {m: [] for m in methods}
     for k, case in enumerate(cases):
         videos = [VideoInput(frames, fps) for frames, fps in case.videos]
