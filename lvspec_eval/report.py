@@ -74,7 +74,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from judges import stats
-from lvspec_eval import divergence, report_html, report_plots
+from lvspec_eval import divergence, report_html, report_plots, report_policy
 from lvspec_eval.divergence import divergence_summary  # noqa: F401  (for `check` and callers holding records)
 
 log = logging.getLogger(__name__)
@@ -413,6 +413,7 @@ def method_row(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions)
     row.update(quality_fields(run, vanilla, metric, opts))
     if run.lossless and run.method != opts.baseline:
         row["divergence"] = divergence.row_fields(run.stats, vanilla.stats)
+    row["policy"] = report_policy.policy_fields(run.stats.values())
     return row
 
 
@@ -524,6 +525,7 @@ def method_note(opts: ReportOptions) -> str:
 def markdown_page(rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions) -> str:
     parts = ["# lvspec-eval leaderboard", "", method_note(opts), "", markdown_table(rows), ""]
     parts += [divergence.markdown_section(rows)] if divergence.markdown_section(rows) else []
+    parts += [report_policy.markdown_section(rows)] if report_policy.markdown_section(rows) else []
     if any(p.path for p in plots):
         parts += ["## Plots", ""] + [f"![{p.caption}]({p.path.name})  \n{p.caption}\n" for p in plots if p.path]
     parts += [p.markdown + "\n" for p in plots if p.markdown]
