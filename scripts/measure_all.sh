@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Re-measures every figure in the README's "Measured figures" with the committed checkpoints, in
-# the order the README gives them (about 20 minutes on an idle 2-core CPU). Run it after
+# Re-measures the demo-world figures of docs/RESULTS.md with the committed checkpoints, in the order
+# that page gives them (about 20 minutes on an idle 2-core CPU). Those figures ran with tree=dynamic
+# (the default then); steps below that name no tree shape now run tree=adaptive. Run it after
 # `make demo` (or `make install`) from the repository root; each step logs to results/measure_all.log.
 # Timings on a shared CPU drift: run it on an otherwise idle machine.
 set -euo pipefail
