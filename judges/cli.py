@@ -10,7 +10,13 @@ line itself (a task can log it as a metric value) or in `doc` when present.
 Output: one JSON line per sample, keyed by (task, doc_id), with the 0-5 score or null (missing).
 
 judge-check: validate a judge against the demo world's oracle (see judges/validate.py) and write
-a JSON report; --serve runs it against the local llama.cpp SmolLM2 server.
+a JSON report.
+
+--serve [MODEL] (both commands): start a local llama.cpp judge server and judge with it. MODEL is
+a name from judges/server.py's JUDGE_MODELS (default smollm2-135m, plumbing only;
+qwen2.5-coder-1.5b is the smallest that judges, see docs/JUDGE.md) or the path of a .gguf file.
+A judge that refuses us (key, model, URL) or stops answering ends the command with one error
+(exit code 3); the judgments made before stay in the cache, so a rerun resumes.
 
 Judge settings come from the environment as in lmms-eval (OPENAI_API_KEY, OPENAI_BASE_URL or
 OPENAI_API_URL, API_TYPE, MODEL_VERSION, AZURE_*); the options below override them. Keys are
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import re
 import sys
@@ -27,9 +34,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from judges.cache import JudgeCache
-from judges.client import DEFAULT_QUESTION, MODES, CaptionItem, JudgeClient, score_captions
+from judges.client import (DEFAULT_QUESTION, MODES, CaptionItem, JudgeClient, JudgeSetupError,
+                           JudgeUnreachableError, score_captions)
 from judges.config import API_TYPES, RESPONSE_FORMATS, JudgeConfig
 from judges.prompts import all_specs
+from judges.server import DEFAULT_JUDGE, JUDGE_MODELS, JudgeServer, missing_reason, resolve_model
 
 DEFAULT_CACHE = ".cache/judge_cache.sqlite"
 _TASK_RE = re.compile(r"_samples_(.+)\.jsonl$")
@@ -41,16 +50,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     judge.add_argument("--out", type=Path, required=True, help="output JSONL, one line per (task, doc_id)")
     judge.add_argument("--limit", type=int, default=None, help="judge at most this many samples per file")
     _add_judge_options(judge)
-    judge.set_defaults(func=run_judge)
+    judge.set_defaults(func=_stops_with_one_error(run_judge))
 
     check = subparsers.add_parser("judge-check", help="validate an LLM judge against the demo-world oracle")
     check.add_argument("--num-scenes", type=int, default=20, help="demo scenes (7 captions judged per scene)")
     check.add_argument("--first-seed", type=int, default=10_000, help="seed of the first scene")
     check.add_argument("--out", type=Path, default=Path("results/judge_check.json"), help="JSON report")
-    check.add_argument("--serve", action="store_true", help="start and use the local llama.cpp SmolLM2 judge")
+    check.add_argument("--max-questions", type=int, default=None,
+                       help="vdc mode: at most this many reference questions per scene, drawn by the scene seed")
     check.add_argument("--oracle", action="store_true", help="judge with the oracle itself (harness self-test)")
     _add_judge_options(check)
-    check.set_defaults(func=run_judge_check)
+    check.set_defaults(func=_stops_with_one_error(run_judge_check))
+
+
+def _stops_with_one_error(run):
+    """A judge that refused us or went away ends the command with one line, not a traceback."""
+    @functools.wraps(run)
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except (JudgeSetupError, JudgeUnreachableError) as err:
+            print(f"lvspec-eval {getattr(args, 'command', 'judge')}: error: {err}", file=sys.stderr)
+            return 3
+    return wrapped
 
 
 def _add_judge_options(parser: argparse.ArgumentParser) -> None:
@@ -64,15 +86,23 @@ def _add_judge_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-retries", type=int, default=None, help="the openai client's retries")
     g.add_argument("--parse-retries", type=int, default=None, help="re-asks after an unreadable reply")
     g.add_argument("--max-tokens", type=int, default=None)
+    g.add_argument("--timeout", dest="timeout_s", type=float, default=None,
+                   help="seconds per request (default 120; 600 with --serve: one CPU thread is slow)")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--cache", type=Path, default=Path(DEFAULT_CACHE), help="sqlite reply cache")
     g.add_argument("--no-cache", action="store_true", help="ask again even when a reply is cached")
     g.add_argument("--no-progress", action="store_true")
+    s = parser.add_argument_group("local judge server (llama.cpp; built by `make judge-server`)")
+    s.add_argument("--serve", nargs="?", const=DEFAULT_JUDGE, default=None, metavar="MODEL",
+                   help=f"start a local judge and use it: {', '.join(JUDGE_MODELS)} or a .gguf path "
+                        f"(default {DEFAULT_JUDGE}: plumbing only; qwen2.5-coder-1.5b judges)")
+    s.add_argument("--serve-threads", type=int, default=1, help="CPU threads of the served model")
+    s.add_argument("--serve-ctx", type=int, default=2048, help="context length of the served model")
 
 
 def _config(args: argparse.Namespace, **extra: object) -> JudgeConfig:
     names = ("model", "base_url", "api_type", "response_format", "max_concurrency", "max_retries",
-             "parse_retries", "max_tokens", "seed")
+             "parse_retries", "max_tokens", "seed", "timeout_s")
     settings = {n: getattr(args, n) for n in names}
     settings.update(extra)  # what --serve started wins over the options
     return JudgeConfig.from_env(**settings)
@@ -151,7 +181,7 @@ def read_samples(path: Path, limit: int | None = None) -> list[CaptionItem]:
 
 def run_judge(args: argparse.Namespace) -> int:
     items = [item for path in sample_files(args.samples) for item in read_samples(path, args.limit)]
-    with _client(args) as client:
+    with _served(args) as extra, _client(args, **extra) as client:
         results = score_captions(client, items, args.mode)
         judge_info = client.describe()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +218,7 @@ def _summary(results: list[dict], judge_info: dict, mode: str) -> dict:
 def run_judge_check(args: argparse.Namespace) -> int:
     from judges import validate  # scipy is only needed here
 
-    cands = validate.make_candidates(args.num_scenes, args.first_seed)
+    cands = validate.make_candidates(args.num_scenes, args.first_seed, args.max_questions)
     if args.oracle:
         report = {"judge": {"oracle": True}, **validate.run_check(cands, validate.oracle_scores)}
     else:
@@ -196,6 +226,7 @@ def run_judge_check(args: argparse.Namespace) -> int:
             report = validate.run_check(cands, validate.llm_judge(client, args.mode))
             report = {"judge": client.describe(), **report}
     report = {"mode": args.mode, "num_scenes": args.num_scenes, "first_seed": args.first_seed,
+              "max_questions": args.max_questions if args.mode == "vdc" else None,
               "prompts": {n: s.version for n, s in all_specs().items()}, **report}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -207,15 +238,25 @@ def run_judge_check(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _served(args: argparse.Namespace) -> Iterator[dict]:
-    """With --serve: start the local judge server and point the client at it; else nothing."""
+    """With --serve: start the local judge server and point the client at it; else nothing.
+
+    If the judge stops answering, the error says what became of the server process we started.
+    """
     if not args.serve:
         yield {}
         return
-    from judges.server import JudgeServer, missing_reason
-
-    reason = missing_reason()
+    reason = missing_reason(args.serve)
     if reason:
-        raise RuntimeError(f"--serve: the local judge server cannot run: {reason}")
-    with JudgeServer.start() as server:
-        print(f"local judge {server.model} at {server.base_url} (log {server.log_path})", file=sys.stderr)
-        yield {"base_url": server.base_url, "model": server.model, "api_type": "openai"}
+        raise JudgeSetupError(f"--serve {args.serve}: the local judge server cannot run: {reason}")
+    path, alias = resolve_model(args.serve)
+    with JudgeServer.start(path, alias=alias, n_threads=args.serve_threads, n_ctx=args.serve_ctx) as server:
+        print(f"local judge {server.model} ({path.name}) at {server.base_url} (log {server.log_path})",
+              file=sys.stderr)
+        # the server answers one request at a time: more in flight would only wait in its queue
+        # (and time out there), so one at a time unless asked otherwise
+        served = {"base_url": server.base_url, "model": server.model, "api_type": "openai",
+                  "max_concurrency": args.max_concurrency or 1, "timeout_s": args.timeout_s or 600.0}
+        try:
+            yield served
+        except JudgeUnreachableError as err:
+            raise JudgeUnreachableError(f"{err}; {server.describe_exit()}") from None

@@ -13,6 +13,11 @@ Why each piece:
 - A judgment that still fails is missing (value None) with its reason, never a 0: a judge that
   cannot answer says nothing about the caption. `stats.failure_rate` reports how often.
 - Replies are cached on disk (cache.py) before they are parsed, so nothing is paid for twice.
+- A judge that is gone is not a judge that said nothing: after `max_connection_failures`
+  consecutive connection failures (refused, reset, timed out; each already retried by the openai
+  client) the client stops with one JudgeUnreachableError naming the endpoint, instead of recording
+  every remaining judgment as missing. What was judged before stays in the cache, so a rerun
+  resumes where it stopped.
 """
 from __future__ import annotations
 
@@ -39,6 +44,10 @@ NO_KEY = "EMPTY"  # sent to local servers that need no key (vLLM's convention); 
 
 class JudgeSetupError(RuntimeError):
     """The judge refused us as a client (key, permission, model or URL): stop, do not record missing."""
+
+
+class JudgeUnreachableError(RuntimeError):
+    """The judge stopped answering (connection failures in a row): stop, do not record missing."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,8 @@ class JudgeClient:
         self._stats_lock = threading.Lock()
         self._format_lock = threading.Lock()
         self.format_mode, self._format_known = self._initial_format()
+        self._failures_in_a_row = 0
+        self._unreachable: str | None = None  # set once: every later judgment stops with it
 
     def __repr__(self) -> str:  # no key here, by construction
         return f"JudgeClient(model={self.config.model!r}, endpoint={self.endpoint!r}, format={self.format_mode!r})"
@@ -145,9 +156,15 @@ class JudgeClient:
                 raw, cached = self._ask(request.spec, messages)
             except _FATAL as err:  # wrong key, model or URL: every other request would fail the same way
                 raise JudgeSetupError(_setup_message(err, self.endpoint, self.config.api_type)) from None
-            except openai.APIError as err:
+            except openai.APIConnectionError as err:  # refused, reset or timed out (APITimeoutError)
+                self._connection_failed(err)
                 error = f"request failed: {type(err).__name__}: {err}"
                 break
+            except openai.APIError as err:
+                self._answered()
+                error = f"request failed: {type(err).__name__}: {err}"
+                break
+            self._answered()
             all_cached &= cached
             try:
                 value = parse_reply(request.spec, raw)
@@ -163,16 +180,49 @@ class JudgeClient:
         return Judgment(None, raw, error, attempt + 1, all_cached)
 
     def judge_many(self, requests: list[JudgeRequest], desc: str = "judging") -> list[Judgment]:
-        """All `requests`, `max_concurrency` at a time, in input order, with a progress bar."""
+        """All `requests`, `max_concurrency` at a time, in input order, with a progress bar.
+
+        A JudgeSetupError or JudgeUnreachableError from any request cancels the queued ones and
+        is raised here (once): the judgments made so far are already in the cache.
+        """
         results: list[Judgment | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc=desc, disable=not self.progress)
-        with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.config.max_concurrency)
+        try:
             futures = {pool.submit(self.judge, r): i for i, r in enumerate(requests)}
             for future in as_completed(futures):
                 results[futures[future]] = future.result()
                 bar.update(1)
-        bar.close()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            bar.close()
         return results  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------------------------------
+    # Is the judge still there?
+
+    def _answered(self) -> None:
+        with self._stats_lock:
+            self._failures_in_a_row = 0
+
+    def _connection_failed(self, err: openai.APIConnectionError) -> None:
+        """Count a connection failure; the `max_connection_failures`-th in a row stops the client."""
+        with self._stats_lock:
+            self._failures_in_a_row += 1
+            if self._unreachable is None and self._failures_in_a_row >= self.config.max_connection_failures:
+                cached = f"; the judgments made so far are in the cache ({self.cache.path}): a rerun resumes" \
+                    if self.cache is not None else ""
+                self._unreachable = (
+                    f"judge at {self.endpoint} did not answer {self._failures_in_a_row} requests in a row "
+                    f"(last: {type(err).__name__}: {err}); stopped after "
+                    f"{_judgments(self.stats.judgments - self.stats.missing)}{cached}")
+            message = self._unreachable
+        if message is not None:
+            raise JudgeUnreachableError(message)
+
+    def _check_reachable(self) -> None:
+        if self._unreachable is not None:
+            raise JudgeUnreachableError(self._unreachable)
 
     # ------------------------------------------------------------------------------------------
     # Transport
@@ -190,6 +240,7 @@ class JudgeClient:
             if hit is not None:
                 self._count(cache_hits=1)
                 return hit, True
+        self._check_reachable()  # queued requests after the judge was given up on send nothing
         raw = self._send(spec, messages, params)
         if self.cache is not None:
             request = {"model": self.config.model, "prompt": spec.key, "messages": messages, "params": params}
@@ -239,6 +290,10 @@ class JudgeClient:
         if not completion.choices:
             return ""
         return completion.choices[0].message.content or ""
+
+
+def _judgments(n: int) -> str:
+    return f"{n} judgment" if n == 1 else f"{n} judgments"
 
 
 def _setup_message(err: openai.APIStatusError, endpoint: str, api_type: str) -> str:
@@ -310,13 +365,15 @@ def _score_detail(client: JudgeClient, items: list[CaptionItem]) -> list[dict]:
 
 
 def _score_vcgpt(client: JudgeClient, items: list[CaptionItem]) -> list[dict]:
+    # criterion-major: consecutive requests share the criterion's system prompt and, for captions of
+    # one reference, the reference too, a prefix a local server (llama.cpp) evaluates only once
     criteria = list(prompts.VCGPT_CRITERIA)
     requests = [JudgeRequest(prompts.VCGPT[c], prompts.vcgpt_messages(c, i.question, i.reference, i.caption))
-                for i in items for c in criteria]
+                for c in criteria for i in items]
     judged = client.judge_many(requests, desc="judge vcgpt")
     out = []
     for n, item in enumerate(items):
-        mine = judged[n * len(criteria):(n + 1) * len(criteria)]
+        mine = judged[n::len(items)]
         parts = {c: _field(j, "score") for c, j in zip(criteria, mine)}
         out.append(_result(item, "vcgpt", parts, _errors(*mine)))
     return out

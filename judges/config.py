@@ -42,6 +42,7 @@ class JudgeConfig:
     response_format: str = "auto"  # "auto" negotiates, best first: see FORMAT_MODES
     timeout_s: float = 120.0
     max_retries: int = 2  # the openai client's own retries (connection errors, 408/409/429/5xx)
+    max_connection_failures: int = 3  # consecutive failed requests (after those retries): the judge is gone
     parse_retries: int = 2  # re-asks when a reply does not parse or validate
     max_concurrency: int = 4
     max_tokens: int = 256
@@ -58,7 +59,7 @@ class JudgeConfig:
         for name in ("max_retries", "parse_retries"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)}; must be >= 0")
-        for name in ("max_concurrency", "max_tokens"):
+        for name in ("max_concurrency", "max_tokens", "max_connection_failures"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}; must be >= 1")
         if self.api_type == "azure" and not self.azure_endpoint:

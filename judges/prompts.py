@@ -47,11 +47,11 @@ class PromptSpec:
 # Examples show the form with placeholders, never a concrete score: weak judges copy a number
 # given as an example (SmolLM2-135M answered {"score": 4}, the old example, to every caption).
 SCORE_EXAMPLE = '{"score": <integer from 0 to 5>}'
-DETAIL = PromptSpec("detail", "v2", _object_schema({"score": SCORE_0_5}), SCORE_EXAMPLE)
-VDC_ANSWER = PromptSpec("vdc-answer", "v2", _object_schema({"answer": {"type": "string"}}),
+DETAIL = PromptSpec("detail", "v3", _object_schema({"score": SCORE_0_5}), SCORE_EXAMPLE)
+VDC_ANSWER = PromptSpec("vdc-answer", "v3", _object_schema({"answer": {"type": "string"}}),
                         '{"answer": "<a short phrase>"}')
 VDC_SCORE = PromptSpec(
-    "vdc-score", "v2",
+    "vdc-score", "v3",
     _object_schema({"pred": {"type": "string", "enum": ["yes", "no"]}, "score": SCORE_0_5}),
     '{"pred": <"yes" or "no">, "score": <integer from 0 to 5>}',
 )
@@ -59,7 +59,8 @@ VDC_SCORE = PromptSpec(
 # Video-ChatGPT criterion -> what the judge is told to look at.
 VCGPT_CRITERIA = {
     "correctness": "Correctness of information: is every statement in the prediction true according to "
-    "the reference? Penalise any wrong object, attribute, action or count; synonyms are fine.",
+    "the reference? Check each object's colour, shape, size and motion, the number of objects and the "
+    "setting: every one that differs from the reference is an error.",
     "detail": "Detail orientation: does the prediction cover all the main points of the reference, "
     "with specific details rather than generic ones?",
     "context": "Contextual understanding: does the prediction fit the overall context of the video as "
@@ -69,11 +70,23 @@ VCGPT_CRITERIA = {
     "consistency": "Consistency: is the prediction consistent with itself and with the reference, never "
     "stating two facts that contradict each other or the reference?",
 }
-VCGPT = {c: PromptSpec(f"vcgpt-{c}", "v2", _object_schema({"score": SCORE_0_5}), SCORE_EXAMPLE) for c in VCGPT_CRITERIA}
+VCGPT = {c: PromptSpec(f"vcgpt-{c}", "v3", _object_schema({"score": SCORE_0_5}), SCORE_EXAMPLE) for c in VCGPT_CRITERIA}
 
 _EVALUATOR = (
     "You are a careful evaluator of video descriptions. You never see the video: you compare a "
     "predicted description with a reference description written by a person who watched it."
+)
+# The rubric: compare fact by fact (the facts a video description states: objects and their number,
+# colour, shape, size, motion, the setting, the order of events) and score by the count of errors.
+_FACTS = (
+    "Compare the two fact by fact: the number of objects, the setting or background, the order in "
+    "which things happen, and for every object its colour, shape, size and motion (what it does, "
+    "which way it moves). A fact said in other words (a synonym, another word order) matches; a fact "
+    "with another value (another colour, shape, size or motion) is wrong, however small the word."
+)
+_ERROR_SCALE = (
+    "Score by the facts that are wrong or left out: none: 5; one: 4; two: 3; three: 2; four or more: 1; "
+    "0 if it describes a different video. A prediction saying the same as the reference scores 5."
 )
 
 
@@ -88,13 +101,10 @@ def _reply_instruction(spec: PromptSpec) -> str:
 def detail_messages(question: str, reference: str, caption: str) -> Messages:
     """Detail orientation of `caption` against `reference`, 0-5 (VideoDetailCaption / VDD)."""
     system = (
-        f"{_EVALUATOR} Judge the detail orientation of the prediction:\n"
-        "- Does it cover every main point of the reference, leaving out no key aspect?\n"
-        "- Are its details specific and tied to the video, rather than generic?\n"
-        "- Synonyms and paraphrases count as matches; facts that contradict the reference do not.\n"
-        "Give one integer score from 0 (no relevant detail) to 5 (complete and specific)."
+        f"{_EVALUATOR} Judge the detail orientation of the prediction: does it give every detail of the "
+        f"reference, each one right?\n{_FACTS}\n{_ERROR_SCALE}\n{_reply_instruction(DETAIL)}"
     )
-    user = f"Question: {question}\nReference answer: {reference}\nPredicted answer: {caption}\n\n{_reply_instruction(DETAIL)}"
+    user = f"Question: {question}\nReference answer: {reference}\nPredicted answer: {caption}"
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -103,13 +113,11 @@ def vcgpt_messages(criterion: str, question: str, reference: str, caption: str) 
     if criterion not in VCGPT_CRITERIA:
         raise ValueError(f"criterion={criterion!r}; allowed: {', '.join(VCGPT_CRITERIA)}")
     system = (
-        f"{_EVALUATOR} Judge one criterion only.\n{VCGPT_CRITERIA[criterion]}\n"
-        "Synonyms and paraphrases count as matches. Give one integer score from 0 (worst) to 5 (best)."
-    )
-    user = (
-        f"Question: {question}\nReference answer: {reference}\nPredicted answer: {caption}\n\n"
+        f"{_EVALUATOR} Judge one criterion only.\n{VCGPT_CRITERIA[criterion]}\n{_FACTS}\n"
+        f"Count only the wrong or left-out facts that bear on this criterion. {_ERROR_SCALE}\n"
         f"{_reply_instruction(VCGPT[criterion])}"
     )
+    user = f"Question: {question}\nReference answer: {reference}\nPredicted answer: {caption}"
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -118,9 +126,9 @@ def vdc_answer_messages(caption: str, question: str) -> Messages:
     system = (
         "You answer questions about a video using only a written description of it. Answer from the "
         "description alone; if it does not say, answer that it is not mentioned. Keep answers to a "
-        "short phrase."
+        f"short phrase.\n{_reply_instruction(VDC_ANSWER)}"
     )
-    user = f"Description: {caption}\nQuestion: {question}\n\n{_reply_instruction(VDC_ANSWER)}"
+    user = f"Description: {caption}\nQuestion: {question}"
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -130,12 +138,9 @@ def vdc_score_messages(question: str, answer: str, predicted: str) -> Messages:
         "You check answers to questions about a video. Compare the predicted answer with the correct "
         "answer: synonyms and paraphrases match; a different fact or 'not mentioned' does not. Say "
         "'yes' if they match and 'no' otherwise, and give an integer score from 0 (no match) to 5 "
-        "(exact match in meaning)."
+        f"(exact match in meaning).\n{_reply_instruction(VDC_SCORE)}"
     )
-    user = (
-        f"Question: {question}\nCorrect answer: {answer}\nPredicted answer: {predicted}\n\n"
-        f"{_reply_instruction(VDC_SCORE)}"
-    )
+    user = f"Question: {question}\nCorrect answer: {answer}\nPredicted answer: {predicted}"
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 

@@ -77,8 +77,24 @@ def scene_qa(scene: world.Scene) -> tuple[tuple[str, str], ...]:
     return tuple(qa)
 
 
-def make_candidates(num_scenes: int, first_seed: int = 10_000) -> list[Candidate]:
-    """Per scene: identity, paraphrase, three single swaps (one per kind), a double and a triple."""
+def pick_questions(qa: tuple[tuple[str, str], ...], max_questions: int | None,
+                   seed: int) -> tuple[tuple[str, str], ...]:
+    """At most `max_questions` of a scene's questions, drawn by `seed` alone (never by which facts
+    a candidate got wrong), in their original order; None keeps all."""
+    if max_questions is None or max_questions >= len(qa):
+        return qa
+    if max_questions < 1:
+        raise ValueError(f"max_questions={max_questions}; allowed: an integer >= 1, or None for all")
+    keep = sorted(random.Random(seed * 7919 + 17).sample(range(len(qa)), max_questions))
+    return tuple(qa[k] for k in keep)
+
+
+def make_candidates(num_scenes: int, first_seed: int = 10_000, max_questions: int | None = None) -> list[Candidate]:
+    """Per scene: identity, paraphrase, three single swaps (one per kind), a double and a triple.
+
+    `max_questions` bounds the reference questions per scene (VDCscore mode asks two requests per
+    question and caption, the costly part of judge-check on a CPU judge).
+    """
     out = []
     for seed in range(first_seed, first_seed + num_scenes):
         scene, rng = world.make_scene(seed), random.Random(seed)
@@ -90,7 +106,7 @@ def make_candidates(num_scenes: int, first_seed: int = 10_000) -> list[Candidate
         for swaps in swap_sets:
             names = tuple(f"{k}@{i}" for i, k in swaps)
             texts.append((f"perturbed-{len(swaps)}", perturbed_caption(scene, swaps, para_seed, rng), names))
-        qa = scene_qa(scene)
+        qa = pick_questions(scene_qa(scene), max_questions, seed)
         for kind, text, names in texts:
             f1 = oracle.score_caption(text, scene)["f1"]
             out.append(Candidate(seed, kind, text, reference, names, f1, qa))

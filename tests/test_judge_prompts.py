@@ -18,8 +18,28 @@ def test_every_prompt_has_a_version_and_describes_its_reply_schema():
     specs = prompts.all_specs()
     assert set(specs) >= {"detail", "vdc-answer", "vdc-score"} | {f"vcgpt-{c}" for c in prompts.VCGPT_CRITERIA}
     assert all(s.version and s.key == f"{s.name}/{s.version}" for s in specs.values())
-    user = prompts.vdc_score_messages("Q", "A", "P")[-1]["content"]
-    assert '"pred"' in user and '"enum": ["yes", "no"]' in user
+    system = prompts.vdc_score_messages("Q", "A", "P")[0]["content"]
+    assert '"pred"' in system and '"enum": ["yes", "no"]' in system
+
+
+@pytest.mark.parametrize("messages", [
+    prompts.detail_messages("Q?", "ref", "CAPTION"),
+    prompts.vcgpt_messages("temporal", "Q?", "ref", "CAPTION"),
+    prompts.vdc_answer_messages("CAPTION", "Q?"),
+])
+def test_requests_share_a_prefix_and_end_with_what_varies(messages):
+    # the reply instruction is in the system prompt and the varying text comes last, so a local
+    # server evaluates the common prefix of consecutive requests once (llama.cpp's prefix match)
+    assert "Reply with only a JSON object" in messages[0]["content"]
+    assert "Reply with only" not in messages[-1]["content"]
+    assert messages[-1]["content"].endswith(("CAPTION", "Q?"))
+
+
+def test_the_rubric_names_the_facts_and_scores_by_errors():
+    system = prompts.detail_messages("Q", "R", "C")[0]["content"]
+    for word in ("colour", "shape", "motion", "number of objects"):
+        assert word in system
+    assert "none: 5; one: 4" in system
 
 
 def test_vcgpt_has_five_criteria_each_in_its_own_prompt():

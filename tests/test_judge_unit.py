@@ -18,7 +18,8 @@ import pytest
 from judges import cli as judge_cli
 from judges import prompts
 from judges.cache import JudgeCache
-from judges.client import CaptionItem, JudgeClient, JudgeRequest, JudgeSetupError, score_captions
+from judges.client import (CaptionItem, JudgeClient, JudgeRequest, JudgeSetupError, JudgeUnreachableError,
+                           score_captions)
 from judges.config import JudgeConfig
 
 SECRET = "sk-test-secret-0123456789"
@@ -190,7 +191,7 @@ def test_greedy_fixed_seed_and_schema_in_prompt():
     make_client(fake, seed=7).judge(detail_request())
     body = fake.bodies[0]
     assert body["temperature"] == 0 and body["seed"] == 7 and body["model"] == "judge-x"
-    assert '"score"' in body["messages"][-1]["content"]
+    assert '"score"' in body["messages"][0]["content"]  # the reply schema, in the system prompt
 
 
 def test_unparsable_reply_is_asked_again_with_the_reason():
@@ -291,6 +292,21 @@ def test_vcgpt_asks_five_criteria_and_a_missing_one_leaves_the_score_missing():
     assert parts["temporal"] is None and parts["correctness"] == 3 and results[0]["score"] is None
 
 
+def test_vcgpt_parts_go_back_to_their_own_caption_and_criterion():
+    def reply(body):
+        system, user = body["messages"][0]["content"], body["messages"][1]["content"]
+        digit = int(user.split("Predicted answer: caption ")[1][0])
+        return json.dumps({"score": digit + ("Correctness of information" in system)})
+
+    fake = FakeJudge(reply)
+    items = [CaptionItem(f"t/{n}", f"caption {n}", "r") for n in range(3)]
+    results = score_captions(make_client(fake, max_concurrency=1), items, "vcgpt")
+    for n, r in enumerate(results):
+        assert r["parts"] == {"correctness": n + 1, "detail": n, "context": n, "temporal": n, "consistency": n}
+    firsts = [b["messages"][0]["content"] for b in fake.bodies[:3]]
+    assert len(set(firsts)) == 1, "one criterion's requests are sent together (shared prompt prefix)"
+
+
 def test_vdc_answers_from_the_caption_then_marks_each_answer():
     def reply(body):
         user = body["messages"][-1]["content"]
@@ -375,3 +391,142 @@ def test_served_judge_settings_win_over_unset_options():
     args = parser.parse_args(["judge-check", "--serve"])
     config = judge_cli._config(args, base_url="http://127.0.0.1:9/v1", model="smollm2", api_type="openai")
     assert (config.base_url, config.model, config.response_format) == ("http://127.0.0.1:9/v1", "smollm2", "auto")
+
+
+# ---------------------------------------------------------------------------------------------
+# A judge that goes away: stop after a few connection failures in a row, keep what was judged.
+# Real sockets on 127.0.0.1 where that is cheap (a listener that hangs up, one that never answers).
+
+
+class Listener:
+    """A real TCP listener on 127.0.0.1 that accepts every connection and then either closes it at
+    once (`hang_up`, like a server process that died mid-request) or holds it without a word."""
+
+    def __init__(self, hang_up: bool = True) -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.hang_up, self.accepted, self.held = hang_up, 0, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed by close()
+                return
+            self.accepted += 1
+            if self.hang_up:
+                conn.close()
+            else:
+                self.held.append(conn)
+
+    def close(self) -> None:
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+def test_judge_that_hangs_up_stops_the_run_after_three_failures_naming_the_endpoint(caplog):
+    listener = Listener(hang_up=True)
+    try:
+        config = JudgeConfig(model="m", base_url=listener.base_url, max_retries=0, max_concurrency=1)
+        client = JudgeClient(config, progress=False)
+        with pytest.raises(JudgeUnreachableError, match="did not answer 3 requests in a row") as err:
+            client.judge_many([detail_request(str(i)) for i in range(20)])
+    finally:
+        listener.close()
+    assert listener.base_url in str(err.value)
+    assert listener.accepted == 3 and client.stats.requests_sent == 3  # the other 17 were never sent
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) <= 2
+
+
+def test_judge_that_stops_answering_times_out_and_stops():
+    listener = Listener(hang_up=False)
+    try:
+        config = JudgeConfig(model="m", base_url=listener.base_url, max_retries=0, max_concurrency=2,
+                             timeout_s=0.3, max_connection_failures=2)
+        client = JudgeClient(config, progress=False)
+        with pytest.raises(JudgeUnreachableError, match="2 requests in a row.*APITimeoutError"):
+            client.judge_many([detail_request(str(i)) for i in range(10)])
+    finally:
+        listener.close()
+    assert client.stats.requests_sent <= 3  # two in flight at once, at most one more after the first
+
+
+class DyingJudge(FakeJudge):
+    """Answers `alive` requests, then refuses every connection (the process is gone)."""
+
+    def __init__(self, alive: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.alive, self.refused = alive, 0
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        with self._lock:
+            gone = len(self.bodies) >= self.alive
+            self.refused += gone
+        if gone:
+            raise httpx2.ConnectError("connection refused", request=request)
+        return super().__call__(request)
+
+
+def test_judgments_made_before_the_judge_died_stay_cached_and_a_rerun_resumes(tmp_path):
+    path = tmp_path / "cache.sqlite"
+    items = [CaptionItem(f"t/{i}", f"caption {i}", "ref") for i in range(8)]
+    dying = DyingJudge(alive=5)
+    with JudgeCache(path) as cache:
+        with pytest.raises(JudgeUnreachableError, match=r"judge at http://judge.test/v1 .*stopped after 5 judgments"):
+            score_captions(make_client(dying, cache=cache, max_concurrency=1), items, "detail")
+        assert cache.count() == 5
+    assert dying.refused == 3
+    fresh = FakeJudge()
+    with JudgeCache(path) as cache:
+        client = make_client(fresh, cache=cache)
+        results = score_captions(client, items, "detail")
+    assert client.stats.cache_hits == 5 and len(fresh.bodies) == 3
+    assert [r["score"] for r in results] == [4.0] * 8
+
+
+def test_failures_that_are_not_in_a_row_are_missing_judgments_not_a_stop():
+    class Flaky(FakeJudge):
+        def __call__(self, request):
+            with self._lock:
+                self.calls = getattr(self, "calls", 0) + 1
+                fail = self.calls % 2 == 0
+            if fail:
+                raise httpx2.ConnectError("connection reset", request=request)
+            return super().__call__(request)
+
+    client = make_client(Flaky(), max_concurrency=1, max_connection_failures=2)
+    judged = client.judge_many([detail_request(str(i)) for i in range(6)])
+    assert [j.value is None for j in judged] == [False, True] * 3
+    assert all("APIConnectionError" in j.error for j in judged if j.value is None)
+
+
+def test_judge_check_against_a_dead_endpoint_is_one_error_and_exit_code_3(tmp_path, capsys):
+    listener = Listener(hang_up=True)
+    try:
+        code = _main(["judge-check", "--num-scenes", "2", "--base-url", listener.base_url, "--model", "m",
+                      "--max-retries", "0", "--cache", str(tmp_path / "c.sqlite"), "--out",
+                      str(tmp_path / "r.json"), "--no-progress"])
+    finally:
+        listener.close()
+    err = capsys.readouterr().err
+    assert code == 3 and not (tmp_path / "r.json").exists()
+    assert f"lvspec-eval judge-check: error: judge at {listener.base_url} did not answer 3 requests" in err
+
+
+def test_serve_takes_a_named_model_or_a_gguf_path(tmp_path, monkeypatch):
+    from judges import server
+
+    with pytest.raises(ValueError, match="'nope'.*allowed: smollm2-135m, qwen2.5-coder-1.5b"):
+        server.resolve_model("nope")
+    monkeypatch.setenv(server.GGUF_DIR_ENV, str(tmp_path))
+    wrong = tmp_path / "qwen2.5-coder-1.5b-instruct.gguf"
+    wrong.write_bytes(b"GGUF")
+    with pytest.raises(FileNotFoundError, match="has 4 bytes, not the 1117320768"):
+        server.resolve_model("qwen2.5-coder-1.5b")
+    assert server.resolve_model(str(wrong)) == (wrong, "qwen2.5-coder-1.5b-instruct")

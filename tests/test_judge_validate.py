@@ -74,3 +74,16 @@ def test_constant_judge_with_missing_scores():
     assert report["identity"]["top_share"] == 1.0
     assert report["perturbation"]["lower_share"] == 0.0 and report["perturbation"]["tie_share"] == 1.0
     assert report["perturbation"]["n"] == 8
+
+
+def test_vdc_question_subset_is_drawn_by_the_scene_not_by_the_perturbation():
+    full = validate.make_candidates(3)
+    few = validate.make_candidates(3, max_questions=4)
+    for seed in {c.scene_seed for c in full}:
+        mine = [c.qa for c in few if c.scene_seed == seed]
+        assert len(set(mine)) == 1 and len(mine[0]) == 4  # every caption of a scene gets the same questions
+        all_qa = next(c.qa for c in full if c.scene_seed == seed)
+        assert [all_qa.index(q) for q in mine[0]] == sorted(all_qa.index(q) for q in mine[0])
+    assert validate.pick_questions(full[0].qa, None, 1) == full[0].qa
+    with pytest.raises(ValueError, match="max_questions=0"):
+        validate.pick_questions(full[0].qa, 0, 1)
