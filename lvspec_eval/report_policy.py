@@ -36,9 +36,11 @@ def policy_fields(records: Iterable[dict]) -> dict | None:
             "mean_nodes": sum(nodes) / len(nodes) if nodes else 0.0, "estimates": estimates}
 
 
-def _histogram(counts: dict[int, int]) -> str:
+def _histogram(counts: dict) -> str:
+    """Depth: share of steps; keys may be ints or (after a JSON round trip) strings."""
     total = sum(counts.values())
-    shown = [f"{d}: {100 * n / total:.0f}%" for d, n in counts.items() if d <= MAX_SHOWN_DEPTH]
+    shown = [f"{d}: {100 * n / total:.0f}%" for d, n in sorted((int(d), n) for d, n in counts.items())
+             if d <= MAX_SHOWN_DEPTH]
     return ", ".join(shown)
 
 

@@ -19,3 +19,11 @@ def test_policy_section_from_a_real_adaptive_run():
     rows = [{"task": "t", "method": "sd_tree", "policy": fields}, {"task": "t", "method": "vanilla", "policy": None}]
     text = report_policy.markdown_section(rows)
     assert "| t | sd_tree |" in text and "vanilla" not in text
+
+
+def test_policy_section_reads_rows_after_a_json_round_trip():
+    import json
+    fields = {"steps": 4, "no_draft_share": 0.25, "depth_counts": {0: 1, 3: 2, 10: 1}, "mean_width": 1.0,
+              "mean_nodes": 3.0, "estimates": None}
+    rows = json.loads(json.dumps([{"task": "t", "method": "sd_tree", "policy": fields}]))
+    assert "0: 25%, 3: 50%, 10: 25%" in report_policy.markdown_section(rows)
