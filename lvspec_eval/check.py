@@ -2,7 +2,9 @@
 
 A row fails when (the baseline row, vanilla, is exempt from the first and third rule):
 - its retention lower bound is under --min-retention (an unknown bound fails: no evidence);
-- it is lossless but its exact_match_rate is below 1.0 (an exact method changed an output);
+- it is lossless but its exact_match_rate is below 1.0 (an exact method changed an output), unless
+  the report classified every divergence as a near-tie (numerics, e.g. bf16 with another kernel);
+- any of its divergences from vanilla is not a near-tie ("elsewhere" in the report: a bug);
 - --min-speedup is given and its decode_speedup is under it;
 - --baseline OLD.json is given and, for the row of the same task and method there, decode or
   e2e speedup, quality or retention fell by more than --tolerance (relative: 0.05 = 5 %).
@@ -59,9 +61,18 @@ def row_failures(row: dict, baseline: str, gate: Gate) -> list[str]:
         if gate.min_speedup is not None and not (_known(speed) and speed >= gate.min_speedup):
             out.append(f"FAIL {name}: decode_speedup {_fmt(speed)} < {gate.min_speedup:g}")
     match = row.get("exact_match_rate")
-    if row.get("lossless") and not (_known(match) and match >= 1.0):
+    div = row.get("divergence") or {}
+    if div.get("elsewhere"):
+        out.append(f"FAIL {name}: {div['elsewhere']} of {div.get('compared')} samples diverge from vanilla where "
+                   "neither run was near a tie (a bug, not numerics)")
+    elif row.get("lossless") and not (_known(match) and match >= 1.0) and not _only_near_ties(div):
         out.append(f"FAIL {name}: lossless method has exact_match_rate {_fmt(match)} < 1.0")
     return out
+
+
+def _only_near_ties(div: dict) -> bool:
+    """Every divergence is a near-tie (numerics: bf16 and another kernel), none unexplained."""
+    return bool(div.get("diverged")) and div.get("near_tie") == div["diverged"] and not div.get("unclassified")
 
 
 def regressions(row: dict, old: dict, tolerance: float) -> list[str]:

@@ -171,3 +171,18 @@ def test_methods_limits_the_baseline_comparison(tmp_path, capsys):
     assert run_check(tmp_path, new, "--methods", "sd_tree,lvspec", old=old) == 0
     out = capsys.readouterr().out
     assert "fly" not in out and "specvlm" not in out
+
+
+def _div_row(match, **div):
+    return {"task": "t", "method": "sd_tree", "lossless": True, "exact_match_rate": match,
+            "retention_ci": [1.0, 1.0], "decode_speedup": 2.0, "divergence": div}
+
+
+def test_check_passes_near_ties_and_fails_divergences_elsewhere():
+    from lvspec_eval.check import Gate, row_failures
+    near = _div_row(0.9, compared=10, diverged=1, near_tie=1, elsewhere=0, unclassified=0)
+    assert row_failures(near, "vanilla", Gate()) == []  # bf16 numerics: not a failure
+    bug = _div_row(0.9, compared=10, diverged=2, near_tie=1, elsewhere=1, unclassified=0)
+    assert any("neither run was near a tie" in f for f in row_failures(bug, "vanilla", Gate()))
+    unknown = _div_row(0.9, compared=10, diverged=1, near_tie=0, elsewhere=0, unclassified=1)
+    assert any("exact_match_rate" in f for f in row_failures(unknown, "vanilla", Gate()))
