@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -c "import torch, transformers, lmms_eval, lvspec_eval; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $@
 
-# A real OpenAI-compatible judge server for the integration test (llama.cpp, built once).
+# A real OpenAI-compatible judge server for the integration test: llama-cpp-python pinned and built
+# once for a portable CPU target, then checked with one real completion (docs/JUDGE.md).
 judge-server: $(JUDGE_STAMP)
 
 $(JUDGE_STAMP): $(STAMP) scripts/judge_server.sh
