@@ -164,7 +164,8 @@ class JudgeClient:
                 self._answered()
                 error = f"request failed: {type(err).__name__}: {err}"
                 break
-            self._answered()
+            if not cached:  # only an answer from the server says it is there
+                self._answered()
             all_cached &= cached
             try:
                 value = parse_reply(request.spec, raw)
