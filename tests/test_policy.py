@@ -67,7 +67,7 @@ def test_gpu_like_costs_pick_wide_trees():
     chosen = simulate(policy, lambda t: 1.0 + 0.0005 * t, draft_level_cost=0.02, steps=150, coverage=BROAD)
     late = chosen[-50:]
     assert sum(w for _, w in late) / len(late) >= 4, late  # wide: verifying 60 nodes is nearly free
-    assert all(d >= 3 for d, _ in late)
+    assert sum(1 for d, _ in late if d >= 3) >= len(late) - 2  # (one plain step per 50 re-measures it)
 
 
 def test_cpu_like_costs_pick_narrow_chains():
@@ -75,7 +75,7 @@ def test_cpu_like_costs_pick_narrow_chains():
     chosen = simulate(policy, lambda t: 1.0 + 0.12 * t, draft_level_cost=0.1, steps=150, coverage=SHARP)
     late = chosen[-50:]
     assert sum(w for _, w in late) / len(late) <= 1.5, late  # narrow: every node costs 12% of a step
-    assert all(d >= 1 for d, _ in late)
+    assert sum(1 for d, _ in late if d >= 1) >= len(late) - 2
 
 
 def test_same_draft_different_hardware():
@@ -94,9 +94,20 @@ def test_a_draft_that_cannot_pay_is_switched_off_but_probed():
     assert drafted >= 1  # ... with a probe now and then (1, 2, 4, ... steps apart)
 
 
-def test_first_step_is_a_one_token_probe():
-    shape, plan = make_policy().plan()
+def test_first_a_plain_step_then_a_one_token_probe():
+    policy = make_policy()
+    shape, plan = policy.plan()
+    assert shape is None and plan["reason"] == "measure a plain step"
+    policy.observe(StepStats(0, 0, 0.0, 0.5, plan), None, Verdict([1], [], 0, ["target"]), 1)
+    shape, plan = policy.plan()
     assert shape.depth == 1 and shape.num_nodes == 1 and plan["reason"] == "probe"
+
+
+def test_a_costly_small_verification_keeps_it_plain():
+    """A CPU whose 2-token forward costs 4x a 1-token one (measured on this project's machine under
+    load): the policy must learn that the plain step is cheaper and mostly stop drafting."""
+    chosen = simulate(make_policy(), lambda t: 1.0 if t == 1 else 4.0 + 0.1 * t, 0.3, 120, coverage=SHARP)
+    assert sum(1 for d, _ in chosen[-60:] if d) <= 6
 
 
 def test_online_linear_recovers_a_line_and_forgets():

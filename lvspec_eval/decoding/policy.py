@@ -5,7 +5,10 @@ decoding. Both sides depend on the pair and the hardware: on a CPU a 17-node ver
 2-2.5x a one-token step, on a GPU about the same as one token; a 0.5B draft costs a third of a
 1.5B target, the demo's draft an eighth. So the policy measures, per run and on the device in use:
 
-- what a target forward over t tokens costs:   verify(t) = a + b t           (online least squares)
+- what a plain one-token target step costs:    step                          (decayed mean of such steps)
+- what a target forward over t >= 2 tokens costs: verify(t) = a + b t         (online least squares;
+  kept apart from the one-token step, which often takes another kernel path: on this project's CPU a
+  2-token forward can cost 2-5x a 1-token one, on a GPU about the same)
 - what drafting costs:                         draft(L, F) = r + c L + e F   (L levels fed, F nodes fed)
 - how often the target takes the draft's token: per tree width w, the chance c_w that the step's
   path goes one level deeper (the target's token is among the w children the draft kept), from the
@@ -16,8 +19,10 @@ decoding. Both sides depend on the pair and the hardware: on a CPU a 17-node ver
 
 Each step it picks the plan (depth D, width w) with the highest expected rate
     rate(D, w) = (1 + sum_{d=1..D} c_w^d) / (draft(D - 1, w (D - 1)) + verify(1 + w D)),
-or no draft at all when plain decoding, rate 1 / verify(1), is faster (then it probes again after
-1, 2, 4, ... steps, so a run can recover). After growing the tree it keeps the n nodes with the
+or no draft at all when plain decoding, rate 1 / step, is faster (then it probes again after
+1, 2, 4, ... steps, so a run can recover). The run's first step decodes without a draft (to measure
+`step`), its second drafts one token (to measure drafting and a small verification), and every
+REFRESH_EVERY drafting steps one plain step keeps `step` current. After growing the tree it keeps the n nodes with the
 highest calibrated path values v (the product of f(q) along the path: the chance that the path to
 the node is accepted), n maximising (1 + sum of the n best v) / (draft so far + verify(1 + n)).
 Anchors: transformers' assisted generation (a draft length that grows and shrinks), SpecDec++ (stop
@@ -35,6 +40,7 @@ from .tree import Shape, dynamic_shape
 from .types import HostView, StepStats, Verdict
 
 NUM_BINS = 10  # calibration bins of the draft's probability
+REFRESH_EVERY = 50  # drafting steps between two plain steps that re-measure the one-token step
 
 
 class OnlineLinear:
@@ -127,17 +133,22 @@ class AdaptivePolicy:
         self.calibration = Calibration()
         self._table = torch.tensor(self.calibration.table(), device=device).log()
         self._table_age = 0
+        self.single: float | None = None  # decayed mean cost of a plain one-token step
         self.skipped = 0  # steps decoded without a draft since the last probe
         self.probe_every = 1
+        self.since_single = 0  # drafting steps since the last plain step
 
     # ---- choosing ---------------------------------------------------------------------------------
     def plan(self) -> tuple[Shape | None, dict]:
         """This step's shape (None: no draft) and the estimates behind the choice."""
-        if self.verify.prior is None:  # nothing measured yet: a one-token probe (cheapest draft)
+        if self.single is None or self.since_single >= REFRESH_EVERY:  # measure the plain step
+            self.since_single = 0
+            return None, {"depth": 0, "width": 0, "reason": "measure a plain step"}
+        if self.verify.prior is None:  # nothing drafted yet: a one-token probe (cheapest draft)
+            self.since_single += 1
             return dynamic_shape(1, 1, 1, None), {"depth": 1, "width": 1, "reason": "probe"}
-        vanilla = 1.0 / self.verify.predict([1, 1])
-        best = max(((self._rate(d, w), d, w) for w in self.widths for d in range(1, self.max_depth + 1)))
-        rate, depth, width = best
+        vanilla = 1.0 / self.single
+        rate, depth, width = max((self._rate(d, w), d, w) for w in self.widths for d in range(1, self.max_depth + 1))
         info = {"depth": depth, "width": width, "est_rate": rate, "vanilla_rate": vanilla,
                 "est_accept": self.accept_rate(width)}
         if rate < vanilla:
@@ -149,6 +160,7 @@ class AdaptivePolicy:
         else:
             self.probe_every = 1
         self.skipped = 0
+        self.since_single += 1
         return dynamic_shape(depth, width, width, None), info
 
     def accept_rate(self, width: int) -> float:
@@ -182,7 +194,8 @@ class AdaptivePolicy:
         best_n, best, gain = 0, -1.0, 1.0
         for n in range(len(v) + 1):
             gain += v[n - 1] if n else 0.0
-            rate = gain / (spent + self.verify.predict([1, 1 + n]))
+            verify = self.single if n == 0 and self.single is not None else self.verify.predict([1, 1 + n])
+            rate = gain / (spent + verify)
             if rate > best:
                 best_n, best = n, rate
         return best_n
@@ -191,12 +204,17 @@ class AdaptivePolicy:
     def observe(self, step: StepStats, view: HostView | None, verdict: Verdict, num_pending: int) -> None:
         plan = step.plan or {}
         depth, width = plan.get("depth", 0), plan.get("width", 0)
-        self.verify.add([1, num_pending + step.num_draft_nodes], step.verify_s)
+        tokens = num_pending + step.num_draft_nodes
+        if tokens == 1:  # a plain one-token step
+            self.single = step.verify_s if self.single is None else 0.8 * self.single + 0.2 * step.verify_s
+            self.since_single = 0
+        else:
+            self.verify.add([1, tokens], step.verify_s)
+            if self.verify.prior is None:
+                t = step.verify_s
+                self.verify.prior = np.array([t, 0.05 * t])
         if depth:
             self.draft.add([1, depth - 1, plan.get("nodes_fed", 0)], step.draft_s)
-        if self.verify.prior is None:
-            t = step.verify_s
-            self.verify.prior = np.array([t, 0.05 * t])
         if self.draft.prior is None and depth:
             unit = step.draft_s / depth
             self.draft.prior = np.array([unit, unit, 0.05 * unit])
@@ -237,6 +255,7 @@ class AdaptivePolicy:
             th = model.theta()  # seconds: [intercept, per token] / [intercept, per level, per node]
             return None if th is None else [round(float(x), 6) for x in th]
 
-        return {"verify_cost_fit": fit(self.verify), "draft_cost_fit": fit(self.draft),
+        return {"step_cost": None if self.single is None else round(self.single, 6),
+                "verify_cost_fit": fit(self.verify), "draft_cost_fit": fit(self.draft),
                 "accept_by_width": {str(w): round(self.accept_rate(w), 4) for w in self.widths},
                 "calibration": [round(x, 4) for x in self.calibration.table()]}
