@@ -190,6 +190,8 @@ class AdaptivePolicy:
     def choose_total(self, values: torch.Tensor, levels_fed: int, nodes_fed: int) -> int:
         """How many nodes to verify, from the grown tree's calibrated path values (one transfer)."""
         v = sorted(math.exp(x) for x in values.tolist())[::-1][: self.max_nodes]
+        if self.verify.prior is None or self.draft.prior is None:  # the probe: verify what was drafted
+            return len(v)
         spent = self.draft.predict([1, levels_fed, nodes_fed])
         best_n, best, gain = 0, -1.0, 1.0
         for n in range(len(v) + 1):
