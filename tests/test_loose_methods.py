@@ -131,7 +131,7 @@ def test_pst_steps_refeed_their_tokens_correctly(pair):
     for seed in (7, 3, 11, 19, 23, 31):  # a random draft's wide tree holds the target's token deeper
         scene = world.make_scene(seed)  # down on some videos, not all: run until PST has fired
         video = [(world.render(scene, models.FRAMES, models.FRAME_SIZE, models.FRAME_SIZE), models.FPS)]
-        out = run(pair, video, "lvspec", {"lv_threshold": -1.0, "pst_window": 3, "pst_confirm": 0})
+        out = run(pair, video, "lvspec", {"lv_threshold": -1.0, "pst_window": 3, "pst_confirm": 0, "tree": "dynamic"})
         assert len(out.kinds) == len(out.tokens) and set(out.kinds) <= {EXACT, PST, TARGET}
         _first_tokens_are_greedy(target, video, out)
         if PST in out.kinds:

@@ -133,8 +133,8 @@ def test_adaptive_wide_trees_are_lossless(family, make_case, monkeypatch):
 
     real_plan = policy_module.AdaptivePolicy.plan
 
-    def wide(self):  # the policy's own plan, but at its widest
-        shape, info = real_plan(self)
+    def wide(self, num_generated=0):  # the policy's own plan, but at its widest
+        shape, info = real_plan(self, num_generated)
         if shape is None:
             return shape, info
         depth = max(shape.depth, 3)

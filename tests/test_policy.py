@@ -127,3 +127,22 @@ def test_calibration_learns_that_confident_drafts_miss():
         cal.add(0.95, i % 4 == 0)  # a draft 95% sure that is right a quarter of the time
     assert cal.table()[9] == pytest.approx(0.25, abs=0.05)
     assert cal.table()[2] == pytest.approx(0.25, abs=1e-6)  # untouched bins keep their prior (bin middle)
+
+
+def test_one_token_answers_are_not_drafted_for():
+    """Multiple choice: the letter comes from the prefill and the answer ends after it. Once the
+    policy has seen a few such answers it stops paying for drafts there, even with a cheap draft."""
+    policy = AdaptivePolicy(max_depth=10, max_width=8, max_nodes=64, device=torch.device("cpu"),
+                            eos_token_ids=frozenset({0}))  # every verdict below closes with the end token 0
+    chosen = []
+    for _ in range(12):
+        policy.start_sample()
+        shape, plan = policy.plan(1)  # one token (the letter) so far
+        n = 0 if shape is None else shape.num_nodes
+        policy.observe(StepStats(n, min(n, 1), 0.02 * bool(n), 1.0 + 0.1 * n, plan), None if not n else HostView(
+            tokens=list(range(n)), parents=list(range(-1, n - 1)), scores=None, probs=[0.9] * n,
+            target=[0] * (n + 1), margins=[1.0] * (n + 1)), Verdict([0] * (min(n, 1) + 1), list(range(min(n, 1))),
+                                                                     min(n, 1), ["exact"] * (min(n, 1) + 1)), 1)
+        chosen.append(shape is not None)
+    assert sum(chosen[-8:]) <= 2, chosen  # only the probes, ever rarer (after 1, 2, 4, 8 plain steps)
+    assert policy.estimates()["mean_answer_tokens"] < 3

@@ -328,7 +328,7 @@ def test_bad_options_fail_when_options_are_made(user, message):
 def test_options_reach_the_verifiers_through_methods():
     spec = methods.resolve("fly")
     options = methods.make_options(spec, {"fly_k": 7, "fly_entropy": "inf"})
-    assert options.tree == "chain" and options.tree_depth == 7
+    assert options.tree == "adaptive" and options.tree_depth == 7  # fly_k caps the adaptive draft depth
     _, verifier = methods.build(spec, options)
     assert verifier.entropy == float("inf") and verifier.k == 7
     with pytest.raises(ValueError, match="fly_k=7 and tree_depth=5"):

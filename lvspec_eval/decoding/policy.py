@@ -18,8 +18,13 @@ decoding. Both sides depend on the pair and the hardware: on a CPU a 17-node ver
   q's bin (prior f(q) = q).
 
 Each step it picks the plan (depth D, width w) with the highest expected rate
-    rate(D, w) = (1 + sum_{d=1..D} c_w^d) / (draft(D - 1, w (D - 1)) + verify(1 + w D)),
-or no draft at all when plain decoding, rate 1 / step, is faster (then it probes again after
+    rate(D, w) = (1 + k sum_{d=1..D} c_w^d) / (draft(D - 1, w (D - 1)) + verify(1 + w D)),
+where k, the realised accepted tokens over what the per-level model predicted on recent drafting
+steps, corrects the model where levels are not independent (a loose verifier's rules, a
+draft that drifts off the target's path after a few tokens),
+or no draft at all when plain decoding, rate 1 / step, is faster (the expected accepted tokens are
+capped by what the answer still needs, from the run's mean answer length: after the letter of a
+multiple-choice answer nothing is left to draft for) (then it probes again after
 1, 2, 4, ... steps, so a run can recover). The run's first step decodes without a draft (to measure
 `step`), its second drafts one token (to measure drafting and a small verification), and every
 REFRESH_EVERY drafting steps one plain step keeps `step` current. After growing the tree it keeps the n nodes with the
@@ -123,24 +128,48 @@ class Calibration:
 class AdaptivePolicy:
     """Per-run estimates and the per-step choice of draft shape (see the module docstring)."""
 
-    def __init__(self, max_depth: int, max_width: int, max_nodes: int, device: torch.device):
+    def __init__(self, max_depth: int, max_width: int, max_nodes: int, device: torch.device,
+                 eos_token_ids: frozenset[int] = frozenset()):
+        self.eos_token_ids = eos_token_ids  # an answer's length counts up to its end token
         self.max_depth, self.max_nodes, self.device = max_depth, max_nodes, device
         self.widths = [w for w in (1, 2, 4, 8, 16) if w <= max_width] or [1]
         # weak priors (a tenth of an observation): the first step of a run can carry one-time costs
         self.verify = OnlineLinear(2, prior_weight=0.1)  # [1, tokens]
         self.draft = OnlineLinear(3, prior_weight=0.1)  # [1, levels fed, nodes fed]
         self.accept = {w: Rate(prior=(2.0, 3.0)) for w in self.widths}
+        # realised / predicted accepted tokens on recent drafting steps (the per-level model assumes
+        # levels are independent; a loose verifier's rules or a draft that drifts make deep paths rarer)
+        self.realised = Rate(prior=(1.0, 1.0), decay=0.9)
         self.calibration = Calibration()
         self._table = torch.tensor(self.calibration.table(), device=device).log()
         self._table_age = 0
         self.single: float | None = None  # decayed mean cost of a plain one-token step
+        self.mean_length: float | None = None  # decayed mean of the run's answer lengths (tokens)
+        self.sample_tokens = 0  # tokens committed so far in the current sample
+        self.generated = 0  # tokens the current sample had when this step was planned
         self.skipped = 0  # steps decoded without a draft since the last probe
         self.probe_every = 1
         self.since_single = 0  # drafting steps since the last plain step
 
     # ---- choosing ---------------------------------------------------------------------------------
-    def plan(self) -> tuple[Shape | None, dict]:
+    def start_sample(self) -> None:
+        """A new request: fold the last one's length into the mean answer length."""
+        if self.sample_tokens:
+            n = self.sample_tokens
+            self.mean_length = n if self.mean_length is None else 0.8 * self.mean_length + 0.2 * n
+        self.sample_tokens = 0
+
+    def remaining(self) -> float:
+        """Tokens the answer is still expected to need: the run's mean length minus what this one
+        has, but never under a quarter of the mean (an answer longer than most goes on). A one-token
+        answer (multiple choice) leaves nothing to draft for: no step pays for a draft there."""
+        if self.mean_length is None:
+            return math.inf
+        return max(self.mean_length - self.generated, self.mean_length / 4)
+
+    def plan(self, num_generated: int = 0) -> tuple[Shape | None, dict]:
         """This step's shape (None: no draft) and the estimates behind the choice."""
+        self.generated = num_generated
         if self.single is None or self.since_single >= REFRESH_EVERY:  # measure the plain step
             self.since_single = 0
             return None, {"depth": 0, "width": 0, "reason": "measure a plain step"}
@@ -150,7 +179,8 @@ class AdaptivePolicy:
         vanilla = 1.0 / self.single
         rate, depth, width = max((self._rate(d, w), d, w) for w in self.widths for d in range(1, self.max_depth + 1))
         info = {"depth": depth, "width": width, "est_rate": rate, "vanilla_rate": vanilla,
-                "est_accept": self.accept_rate(width)}
+                "est_accept": self.accept_rate(width),
+                "model_accepted": self._model_accepted(self.accept_rate(width), depth)}
         if rate < vanilla:
             self.skipped += 1
             if self.skipped < self.probe_every:
@@ -177,10 +207,18 @@ class AdaptivePolicy:
         # optimism for widths tried little (it fades with their trials), so one unlucky step does
         # not rule a width out for the rest of the run
         c = min(0.99, self.accept_rate(width) + 0.3 / (1.0 + self.accept[width].trials))
-        expected = 1.0 + sum(c ** d for d in range(1, depth + 1))
+        useful = max(self.remaining() - 1.0, 0.0)  # the step's own (bonus) token is the first of them
+        expected = 1.0 + min(useful, self._correction() * self._model_accepted(c, depth))
         nodes = min(width * depth, self.max_nodes)
         cost = self.draft.predict([1, depth - 1, width * (depth - 1)]) + self.verify.predict([1, 1 + nodes])
         return expected / cost if cost > 0 else 0.0
+
+    @staticmethod
+    def _model_accepted(c: float, depth: int) -> float:
+        return sum(c ** d for d in range(1, depth + 1))
+
+    def _correction(self) -> float:
+        return min(1.5, max(0.1, self.realised.value))
 
     def node_value(self, logp: torch.Tensor) -> torch.Tensor:
         """log f(q) of each node's draft probability (on the device; summed along paths)."""
@@ -207,6 +245,8 @@ class AdaptivePolicy:
         plan = step.plan or {}
         depth, width = plan.get("depth", 0), plan.get("width", 0)
         tokens = num_pending + step.num_draft_nodes
+        ends = [i for i, t in enumerate(verdict.tokens) if t in self.eos_token_ids]
+        self.sample_tokens = self.generated + (ends[0] + 1 if ends else len(verdict.tokens))
         if tokens == 1:  # a plain one-token step
             self.single = step.verify_s if self.single is None else 0.8 * self.single + 0.2 * step.verify_s
             self.since_single = 0
@@ -238,6 +278,8 @@ class AdaptivePolicy:
                 break
             ranks.append(options.index(nxt))
             node = nxt
+        if plan.get("model_accepted"):
+            self.realised.add(len(verdict.path), plan["model_accepted"])
         # Every narrower width learns from this step too: under width w the path would have
         # stopped at the first accepted child of rank >= w.
         for w in self.widths:
@@ -258,6 +300,8 @@ class AdaptivePolicy:
             return None if th is None else [round(float(x), 6) for x in th]
 
         return {"step_cost": None if self.single is None else round(self.single, 6),
+                "mean_answer_tokens": None if self.mean_length is None else round(self.mean_length, 2),
                 "verify_cost_fit": fit(self.verify), "draft_cost_fit": fit(self.draft),
                 "accept_by_width": {str(w): round(self.accept_rate(w), 4) for w in self.widths},
+                "realised_over_model": round(self._correction(), 4),
                 "calibration": [round(x, 4) for x in self.calibration.table()]}

@@ -161,19 +161,23 @@ class TreePlanner:
     """What every drafter does around its model: pick the step's shape (fixed, or the adaptive
     policy's), grow it, and feed the policy what the step measured. Holds one Grower."""
 
-    def __init__(self, config: TreeConfig, device: torch.device):
+    def __init__(self, config: TreeConfig, device: torch.device, eos_token_ids=()):
         self.config, self.grower = config, Grower(device)
-        self.policy = (AdaptivePolicy(config.depth, config.topk, config.total, device)
+        self.policy = (AdaptivePolicy(config.depth, config.topk, config.total, device, frozenset(eos_token_ids))
                        if config.adaptive else None)
         self._fixed = None if config.adaptive else config.shape()
         if self._fixed is not None:
             self.grower.prepare(self._fixed)
 
-    def next_shape(self) -> tuple[Shape | None, dict | None]:
+    def start_sample(self) -> None:
+        if self.policy is not None:
+            self.policy.start_sample()
+
+    def next_shape(self, num_generated: int = 0) -> tuple[Shape | None, dict | None]:
         """The step's shape (None: propose nothing this step) and what the policy chose, if any."""
         if self.policy is None:
             return self._fixed, None
-        shape, plan = self.policy.plan()
+        shape, plan = self.policy.plan(num_generated)
         if shape is not None:
             plan["nodes_fed"] = sum(lv.expand if isinstance(lv.expand, int) else len(lv.expand)
                                     for lv in shape.levels[1:])

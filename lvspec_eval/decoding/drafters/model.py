@@ -72,7 +72,8 @@ class ModelDrafter:
         self.state, _ = backend.prefill(draft_inputs, keep_visual=keep)
         self.active = backend
         if self.planner is None or self.planner.grower.device != backend.device:
-            self.planner = growth.TreePlanner(self.tree, backend.device)  # estimates last the whole run
+            self.planner = growth.TreePlanner(self.tree, backend.device, target.eos_token_ids)  # for the whole run
+        self.planner.start_sample()
         self.num_fed = 0
         kept = inputs.num_visual_tokens if keep is None else int(keep.numel())
         return {"prune_s": t1 - t0, "draft_prefill_s": clock() - t1, "kept_visual_tokens": kept}
@@ -85,7 +86,7 @@ class ModelDrafter:
         return None if self.planner is None else self.planner.estimates()
 
     def propose(self, generated: list[int]) -> Draft:
-        shape, plan = self.planner.next_shape()
+        shape, plan = self.planner.next_shape(len(generated))
         if shape is None:  # the policy expects no draft to pay this step: the target decodes alone
             return Draft.empty(self.active.device, plan)
         root_logits = self._refeed(generated)

@@ -201,14 +201,15 @@ class SparrowDrafter:
         self.cache_len = self.temp_len = self.num_fed = 0
         self.num_text, self.known, self.last_prompt_h = len(text_idx), [], hidden[-1]
         self._feed_committed(tokens, prev)
+        if self.planner is None:
+            self.planner = growth.TreePlanner(self.tree, self.target.device, self.target.eos_token_ids)
+        self.planner.start_sample()
         return {"draft_prefill_s": clock() - t0, "kept_visual_tokens": 0}
 
     @torch.no_grad()
     def propose(self, generated: list[int]) -> Draft:
         self.num_generated = len(generated)
-        if self.planner is None:
-            self.planner = growth.TreePlanner(self.tree, self.target.device)  # lasts the whole run
-        shape, plan = self.planner.next_shape()
+        shape, plan = self.planner.next_shape(len(generated))
         if shape is None:  # the draft policy expects no draft to pay this step
             return Draft.empty(self.target.device, plan)
         try:
