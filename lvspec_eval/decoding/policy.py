@@ -27,7 +27,9 @@ capped by what the answer still needs, from the run's mean answer length: after 
 multiple-choice answer nothing is left to draft for) (then it probes again after
 1, 2, 4, ... steps, so a run can recover). The run's first step decodes without a draft (to measure
 `step`), its second drafts one token (to measure drafting and a small verification), and every
-REFRESH_EVERY drafting steps one plain step keeps `step` current. After growing the tree it keeps the n nodes with the
+after 2, 4, ... and then every REFRESH_EVERY drafting steps one plain step keeps `step` current;
+every EXPLORE_EVERY-th drafting step tries a neighbouring width, so the cost of a draft level and
+of a node can be told apart and every width's acceptance keeps being measured. After growing the tree it keeps the n nodes with the
 highest calibrated path values v (the product of f(q) along the path: the chance that the path to
 the node is accepted), n maximising (1 + sum of the n best v) / (draft so far + verify(1 + n)).
 Anchors: transformers' assisted generation (a draft length that grows and shrinks), SpecDec++ (stop
@@ -46,6 +48,7 @@ from .types import HostView, StepStats, Verdict
 
 NUM_BINS = 10  # calibration bins of the draft's probability
 REFRESH_EVERY = 50  # drafting steps between two plain steps that re-measure the one-token step
+EXPLORE_EVERY = 8  # every this many drafting steps, one tries a neighbouring tree width
 
 
 class OnlineLinear:
@@ -150,6 +153,8 @@ class AdaptivePolicy:
         self.skipped = 0  # steps decoded without a draft since the last probe
         self.probe_every = 1
         self.since_single = 0  # drafting steps since the last plain step
+        self.num_single = 0  # plain steps measured so far
+        self.drafting_steps = 0
 
     # ---- choosing ---------------------------------------------------------------------------------
     def start_sample(self) -> None:
@@ -170,7 +175,9 @@ class AdaptivePolicy:
     def plan(self, num_generated: int = 0) -> tuple[Shape | None, dict]:
         """This step's shape (None: no draft) and the estimates behind the choice."""
         self.generated = num_generated
-        if self.single is None or self.since_single >= REFRESH_EVERY:  # measure the plain step
+        # measure the plain step: first thing, then after 2, 4, 8, ... drafting steps, at most
+        # REFRESH_EVERY apart (a run's first steps carry one-time costs; later ones drift)
+        if self.single is None or self.since_single >= min(REFRESH_EVERY, 2 ** self.num_single):
             self.since_single = 0
             return None, {"depth": 0, "width": 0, "reason": "measure a plain step"}
         if self.verify.prior is None:  # nothing drafted yet: a one-token probe (cheapest draft)
@@ -191,6 +198,15 @@ class AdaptivePolicy:
             self.probe_every = 1
         self.skipped = 0
         self.since_single += 1
+        self.drafting_steps += 1
+        if self.drafting_steps % EXPLORE_EVERY == 0 and len(self.widths) > 1:
+            # a neighbouring width now and then: the draft-cost fit can only tell what a level costs
+            # from what a node costs when both vary, and acceptance per width needs trials
+            i = self.widths.index(width)
+            width = self.widths[i + 1] if (self.drafting_steps // EXPLORE_EVERY) % 2 and i + 1 < len(self.widths) \
+                else self.widths[max(i - 1, 0)] if i else self.widths[1]
+            info.update(width=width, reason="explore width", model_accepted=self._model_accepted(
+                self.accept_rate(width), depth))
         return dynamic_shape(depth, width, width, None), info
 
     def accept_rate(self, width: int) -> float:
@@ -248,7 +264,9 @@ class AdaptivePolicy:
         ends = [i for i, t in enumerate(verdict.tokens) if t in self.eos_token_ids]
         self.sample_tokens = self.generated + (ends[0] + 1 if ends else len(verdict.tokens))
         if tokens == 1:  # a plain one-token step
-            self.single = step.verify_s if self.single is None else 0.8 * self.single + 0.2 * step.verify_s
+            self.num_single += 1
+            weight = max(0.2, 1.0 / self.num_single)  # a running mean first, then decayed
+            self.single = step.verify_s if self.single is None else (1 - weight) * self.single + weight * step.verify_s
             self.since_single = 0
         else:
             self.verify.add([1, tokens], step.verify_s)
