@@ -15,9 +15,9 @@ def test_policy_section_from_a_real_adaptive_run():
     assert sum(fields["depth_counts"].values()) == fields["steps"]
     assert fields["depth_counts"].get(0, 0) >= 1  # the run's first step measures a plain step
     assert fields["depth_counts"].get(1, 0) >= 1  # its second is the one-token probe
-    # the demo draft agrees with the target on most tokens: the policy drafts and verifies, and it pays
-    assert fields["mean_nodes"] >= 2 and fields["no_draft_share"] < 0.5
-    assert sum(sum(r["accepted_lengths"]) for r in records) / sum(r["num_steps"] for r in records) > 1.5
+    # drafting steps verify what they drafted (how often it drafts depends on the measured costs,
+    # so on this machine's load: not asserted here; tests/test_policy.py checks choices on set costs)
+    assert fields["mean_nodes"] >= 1
     assert set(fields["estimates"]["accept_by_width"]) == {"1", "2", "4", "8"}
     assert report_policy.policy_fields([fixed.generate(sample["prompt"], [sample["video"]], 32).stats]) is None
     rows = [{"task": "t", "method": "sd_tree", "policy": fields}, {"task": "t", "method": "vanilla", "policy": None}]
