@@ -180,6 +180,8 @@ class AdaptivePolicy:
         if self.single is None or self.since_single >= min(REFRESH_EVERY, 2 ** self.num_single):
             self.since_single = 0
             return None, {"depth": 0, "width": 0, "reason": "measure a plain step"}
+        if self.remaining() <= 1.0:  # the answer is expected to end with this step's own token
+            return None, {"depth": 0, "width": 0, "reason": "answer ends"}
         if self.verify.prior is None:  # nothing drafted yet: a one-token probe (cheapest draft)
             self.since_single += 1
             return dynamic_shape(1, 1, 1, None), {"depth": 1, "width": 1, "reason": "probe"}
