@@ -1,0 +1,70 @@
+"""SpecVLM's pruned draft really runs on the pruned video, for the whole decode, not only at prefill.
+
+What makes SpecVLM's draft step cheaper than SD-Tree's at long video is that every draft forward
+(the refeed of committed tokens and each tree level) attends over a KV cache that holds only the
+kept video tokens. These tests spy on the draft backend's forward during a real SpecVLM run
+(tiny random-weight models of both families, a fixed tree so that the draft runs every step) and
+check the cache it runs over: its committed length, and the length of every layer's key and
+value tensors, which must be the kept count plus the text, never the full video.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lvspec_eval.decoding import loop, methods
+
+TREE = {"tree": "dynamic", "tree_depth": 3, "tree_topk": 2, "tree_total": 6}
+MAX_NEW_TOKENS = 8
+
+
+def _run_with_spy(family, case, method: str, monkeypatch) -> tuple[loop.Output, list[dict]]:
+    """Decode `case` with `method` and the family's separate draft; record, before each draft
+    forward, the committed cache length and every layer's key/value length."""
+    seen: list[dict] = []
+    original = family.draft.forward
+
+    def spy(state, tokens, pos_offsets, visible, hidden_layers=()):
+        lengths = {t.shape[-2] for layer in state.cache.layers for t in (layer.keys, layer.values)}
+        seen.append({"cache_len": state.cache_len, "temp_len": state.temp_len, "kv_lengths": lengths,
+                     "num_tokens": tokens.numel()})
+        return original(state, tokens, pos_offsets, visible, hidden_layers)
+
+    monkeypatch.setattr(family.draft, "forward", spy)
+    spec = methods.resolve(method)
+    drafter, verifier = methods.build(spec, methods.make_options(spec, dict(TREE)), family.draft, family.target)
+    out = loop.generate(family.target, drafter, verifier, case.prompt, case.videos, MAX_NEW_TOKENS)
+    return out, seen
+
+
+def _video_case(family, make_case):
+    """A request with enough visual tokens that pruning 90% of them leaves a clearly shorter cache."""
+    for seed in range(40):
+        case = make_case(seed, family.max_side, max_frames=8)
+        if family.target.prepare(case.prompt, case.videos).num_visual_tokens >= 20:
+            return case
+    pytest.skip("no random case with 20+ visual tokens")
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_onevision"], indirect=True)
+def test_every_pruned_draft_forward_runs_over_the_kept_tokens_only(family, make_case, monkeypatch):
+    out, seen = _run_with_spy(family, _video_case(family, make_case), "specvlm", monkeypatch)
+    st = out.stats
+    assert st.kept_visual_tokens == max(1, int(st.visual_tokens * 0.1 + 1e-9)) < st.visual_tokens
+    pruned_prompt = st.prompt_tokens - st.visual_tokens + st.kept_visual_tokens
+    assert seen, "the draft never ran"
+    # The first draft forward follows the draft's prefill: its cache holds the pruned prompt.
+    assert seen[0]["cache_len"] == pruned_prompt
+    for call in seen:
+        # committed entries: the pruned prompt plus generated tokens already fed (never the full video)
+        assert pruned_prompt <= call["cache_len"] < pruned_prompt + MAX_NEW_TOKENS
+        # and the tensors are that long: temporary tree entries are dropped after each proposal
+        assert call["kv_lengths"] == {call["cache_len"] + call["temp_len"]}
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl"], indirect=True)
+def test_full_video_draft_runs_over_the_whole_prompt(family, make_case, monkeypatch):
+    """The contrast the pruned draft is measured against: SD-Tree's draft holds every video token."""
+    out, seen = _run_with_spy(family, _video_case(family, make_case), "sd_tree", monkeypatch)
+    assert seen and seen[0]["cache_len"] == out.stats.prompt_tokens
+    assert all(call["kv_lengths"] == {call["cache_len"] + call["temp_len"]} for call in seen)
