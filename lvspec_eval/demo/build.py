@@ -39,13 +39,15 @@ def store_bfloat16(folder: Path) -> None:
 
 
 def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_steps: int, threads: int,
-          restyle_steps: int = 300) -> None:
+          restyle_steps: int = 300, length_steps: int = 600) -> None:
     torch.set_num_threads(threads)
     work.mkdir(parents=True, exist_ok=True)
     target_dir = out / "target"
     if not (target_dir / "config.json").exists():
         train.train_target(work, out, steps=target_steps, question_steps=question_steps)
     write_preprocessor_config(target_dir)
+    if length_steps and not (target_dir / train.LENGTHS_MARKER).exists():
+        train.finetune_lengths(work, target_dir, steps=length_steps)
     if not (out / "draft" / "config.json").exists():
         train.train_draft(work, out, target_dir, steps=draft_steps)
     write_preprocessor_config(out / "draft")
@@ -58,7 +60,7 @@ def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_s
 
 def _run(args: argparse.Namespace) -> int:
     build(Path(args.work), Path(args.out), args.target_steps, args.question_steps, args.draft_steps, args.threads,
-          args.restyle_steps)
+          args.restyle_steps, args.length_steps)
     print(f"demo checkpoints in {args.out}")
     return 0
 
@@ -70,7 +72,10 @@ def register(sub) -> None:
     p.add_argument("--target-steps", type=int, default=4000, help="target optimiser steps of 16 samples, both phases")
     p.add_argument("--question-steps", type=int, default=400,
                    help="of those, the last ones on a question-rich mix (motion and order questions)")
-    p.add_argument("--draft-steps", type=int, default=700, help="draft distillation steps of 16 samples")
+    p.add_argument("--length-steps", type=int, default=600,
+                   help="steps fine-tuning the target on videos of 16-512 frames (4,096 visual tokens in each); 0: none")
+    p.add_argument("--draft-steps", type=int, default=500,
+                   help="draft distillation steps (16 samples at 8 frames; one step in four 16-512 frames)")
     p.add_argument("--restyle-steps", type=int, default=300,
                    help="steps fine-tuning a copy of the draft on captions of another phrasing style (demo-draft-restyled)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")

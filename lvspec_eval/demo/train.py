@@ -197,45 +197,59 @@ def _log(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def _greedy_answer(model, tokenizer, pixels, prompt: str, max_new_tokens: int = 64) -> str:
+    """The model's greedy answer to `prompt` about a preprocessed video."""
+    vid = model.config.video_token_id
+    ids = data.expand_video_tokens(tokenizer(data.chat_prompt(tokenizer, prompt)).input_ids, vid,
+                                   pixels.num_visual_tokens)
+    input_ids = torch.tensor([ids])
+    out = model.generate(
+        input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+        pixel_values_videos=pixels.pixel_values, video_grid_thw=pixels.grid_thw,
+        second_per_grid_ts=torch.tensor([pixels.second_per_grid]),
+        mm_token_type_ids=(input_ids == vid).int() * 2,
+        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True).strip()
+
+
 @torch.no_grad()
-def evaluate(model, tokenizer, num_scenes: int = 24, seed0: int = data.HELDOUT_SEED) -> dict:
-    """Greedy captions and MC answers on held-out scenes, scored against the scene records."""
+def evaluate(model, tokenizer, num_scenes: int = 24, seed0: int = data.HELDOUT_SEED,
+             num_frames: int = models.FRAMES, questions: bool = True) -> dict:
+    """Greedy captions (and, with `questions`, one MC answer per scene) on held-out scenes rendered
+    at `num_frames`, scored against the scene records: fact_accuracy = visual facts (colour, shape,
+    motion) stated right / stated, recall and f1 as judges/oracle.py's score_caption."""
     from judges.oracle import score_caption  # local import: judges is a sibling package
 
     model.eval()
-    vid = model.config.video_token_id
-    stated = correct = mc_right = mc_total = 0
-    recall = []
+    stated = correct = mc_right = 0
+    recall, f1 = [], []
     for k in range(num_scenes):
         scene = world.make_scene(seed0 + k)
-        pixels = data.preprocess_video(world.render(scene, models.FRAMES, models.FRAME_SIZE, models.FRAME_SIZE),
+        pixels = data.preprocess_video(world.render(scene, num_frames, models.FRAME_SIZE, models.FRAME_SIZE),
                                        models.FPS, models.DEMO_PREPROCESS)
-        questions = world.make_questions(scene)
-        q = questions[k % len(questions)]
-        for prompt in (world.CAPTION_PROMPT, world.format_mcq(q)):
-            ids = data.expand_video_tokens(tokenizer(data.chat_prompt(tokenizer, prompt)).input_ids,
-                                           vid, pixels.num_visual_tokens)
-            input_ids = torch.tensor([ids])
-            out = model.generate(
-                input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                pixel_values_videos=pixels.pixel_values, video_grid_thw=pixels.grid_thw,
-                second_per_grid_ts=torch.tensor([pixels.second_per_grid]),
-                mm_token_type_ids=(input_ids == vid).int() * 2,
-                max_new_tokens=64, do_sample=False, eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-            text = tokenizer.decode(out[0, len(ids):], skip_special_tokens=True).strip()
-            if prompt == world.CAPTION_PROMPT:
-                s = score_caption(text, scene)
-                stated += s["visual_stated"]
-                correct += s["visual_correct"]
-                recall.append(s["recall"])
-            else:
-                mc_total += 1
-                mc_right += int(text[:1] == q["answer"])
+        s = score_caption(_greedy_answer(model, tokenizer, pixels, world.CAPTION_PROMPT), scene)
+        stated += s["visual_stated"]
+        correct += s["visual_correct"]
+        recall.append(s["recall"])
+        f1.append(s["f1"])
+        if questions:
+            qs = world.make_questions(scene)
+            q = qs[k % len(qs)]
+            mc_right += int(_greedy_answer(model, tokenizer, pixels, world.format_mcq(q), 2)[:1] == q["answer"])
     model.train()
-    return {"fact_accuracy": correct / max(1, stated), "recall": float(np.mean(recall)),
-            "mc_accuracy": mc_right / max(1, mc_total)}
+    out = {"fact_accuracy": correct / max(1, stated), "recall": float(np.mean(recall)), "f1": float(np.mean(f1))}
+    return {**out, "mc_accuracy": mc_right / max(1, num_scenes)} if questions else out
+
+
+def evaluate_lengths(model, tokenizer, lengths: dict[int, int], seed0: int = data.HELDOUT_SEED) -> dict:
+    """`evaluate` at each number of frames in `lengths` (frames -> scenes; the same scenes at every
+    length), with MC questions at the trained length only; keyed by visual tokens."""
+    return {f"{frames * visual_tokens_per_frame()}_tokens": {
+                "frames": frames, "scenes": n,
+                **evaluate(model, tokenizer, n, seed0, frames, questions=frames == models.FRAMES)}
+            for frames, n in lengths.items()}
 
 
 def _lr(step: int, steps: int, peak: float, warmup: int = 200) -> float:
@@ -399,6 +413,102 @@ def train_target(work: Path, out: Path, steps: int, question_steps: int = 400, b
     return out / "target"
 
 
+def visual_tokens_per_frame() -> int:
+    """Merged visual tokens per frame of a demo video (8 at 112 px: 4x4 per temporal patch of 2)."""
+    return (models.FRAME_SIZE // TOKEN_PX) ** 2 // 2
+
+
+# The length fine-tune: frame counts a long step draws from (all at 4 fps, so up to 128 s), the
+# longest allowed rising over the run (a curriculum): (share of the run, longest frames).
+LENGTH_LADDER = (16, 32, 64, 128, 192, 256, 384, 512)
+LENGTH_CURRICULUM = ((0.15, 128), (0.35, 256), (1.0, 512))
+LONG_MIX = data.TaskMix(caption=0.75)  # long steps: mostly captions, some questions
+
+
+def _length_step(step: int, steps: int, batch_size: int, token_budget: int, trained_share: float,
+                 rng: np.random.Generator, trained_mix: data.TaskMix = data.QUESTION_MIX) -> tuple[int, int, data.TaskMix]:
+    """(frames, samples, task mix) of one step of a run over many lengths: with probability
+    `trained_share` a batch at the trained length on `trained_mix` (for the target's fine-tune
+    data.QUESTION_MIX, so the multiple-choice answers the question phase built are kept), else a
+    length from LENGTH_LADDER up to the curriculum's longest at this point, with as many samples as
+    fit `token_budget` visual tokens, on LONG_MIX."""
+    if rng.random() < trained_share:
+        return models.FRAMES, batch_size, trained_mix
+    longest = next(top for share, top in LENGTH_CURRICULUM if step < share * steps or share == 1.0)
+    frames = int(rng.choice([f for f in LENGTH_LADDER if f <= longest]))
+    n = min(batch_size, max(1, token_budget // (frames * visual_tokens_per_frame())))
+    return frames, n, LONG_MIX
+
+
+def _freeze_vision(model) -> list:
+    """The vision tower stays as trained (its per-patch features do not depend on video length);
+    the rest trains. Returns the trainable parameters."""
+    for p in model.model.visual.parameters():
+        p.requires_grad = False
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def lm_loss(model, samples: list[data.Sample]) -> torch.Tensor:
+    """The language-model loss (per-sample mean, `per_sample_loss`) of a batch, in float32."""
+    batch = data.collate(samples, model.config.pad_token_id)
+    embeds, pos, _ = _embed_inputs(model, batch)
+    logits = model(inputs_embeds=embeds, position_ids=pos, attention_mask=batch["attention_mask"]).logits
+    return per_sample_loss(logits, batch["labels"])
+
+
+LENGTH_EVAL = {models.FRAMES: 12, 128: 6, 512: 6}  # frames -> held-out scenes, during the fine-tune
+LENGTHS_MARKER = "length_finetune.json"
+
+
+def finetune_lengths(work: Path, target_dir: Path, steps: int, batch_size: int = 16, token_budget: int = 4096,
+                     trained_share: float = 0.25, lr: float = 2e-4, eval_every: int = 150, ckpt_every: int = 25,
+                     length_eval: dict[int, int] | None = None, seed: int = 0) -> Path:
+    """Fine-tune a trained target on videos of 16 to 512 frames (up to 4,096 visual tokens), so that
+    it captions long videos as it does 8-frame ones: trained at 8 frames, its temporal positions
+    never went past 16 grids, and past 256 visual tokens it fell into repetitions. Length
+    curriculum (`_length_step`), language-model loss only, float32 (bfloat16 autocast was 16x
+    slower than float32 on this CPU, 2026-12-01), vision tower frozen. Overwrites `target_dir` and
+    writes LENGTHS_MARKER there (the stage's record); logs to <work>/train_target_lengths.log (with
+    `evaluate_lengths` on `length_eval`, default LENGTH_EVAL, every `eval_every` steps) and resumes
+    from <work>/target_lengths.ckpt (saved every `ckpt_every` steps)."""
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(target_dir, dtype=torch.float32)
+    params = _freeze_vision(model)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    ckpt, log = work / "target_lengths.ckpt", work / "train_target_lengths.log"
+    start = _resume(ckpt, {"model": model}, opt)
+    model.train()
+    rng = np.random.default_rng(seed + 13 + start)
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc="target lengths", mininterval=5)
+    t0 = time.time()
+    for step in bar:
+        frames, n, mix = _length_step(step, steps, batch_size, token_budget, trained_share, rng)
+        step_lr = _phase_lr(step, steps, lr)
+        for g in opt.param_groups:
+            g["lr"] = step_lr
+        first = 9_000_000 + step * batch_size
+        samples = [data.make_sample(tok, model.config.video_token_id, s, num_frames=frames, rng=rng, noise=4.0, mix=mix)
+                   for s in range(first, first + n)]
+        loss = lm_loss(model, samples)
+        _optimise(opt, loss, params)
+        bar.set_postfix(lm=f"{loss.item():.3f}", frames=frames)
+        _log(log, {"step": step, "frames": frames, "samples": n, "lm_loss": loss.item(), "lr": step_lr,
+                   "elapsed_s": round(time.time() - t0, 1), "threads": torch.get_num_threads(), "time": time.time()})
+        if (step + 1) % ckpt_every == 0 or step + 1 == steps:
+            _checkpoint(ckpt, {"model": model}, opt, step + 1)
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            _log(log, {"step": step + 1, "eval": evaluate_lengths(model, tok, length_eval or LENGTH_EVAL), "time": time.time()})
+    model.eval()
+    model.save_pretrained(target_dir, safe_serialization=True)
+    record = {"steps": steps, "batch_size": batch_size, "token_budget": token_budget, "trained_share": trained_share,
+              "lr": lr, "ladder": LENGTH_LADDER, "curriculum": LENGTH_CURRICULUM}
+    (target_dir / LENGTHS_MARKER).write_text(json.dumps(record, indent=1) + "\n")
+    return target_dir
+
+
 def _draft_optimiser(draft, lr: float) -> tuple[list, torch.optim.Optimizer]:
     """The draft's vision blocks stay frozen (a copy of the target's); its merger and language
     model train."""
@@ -409,8 +519,11 @@ def _draft_optimiser(draft, lr: float) -> tuple[list, torch.optim.Optimizer]:
 
 
 def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size: int = 16,
-                lr: float = 2e-3, temperature: float = 1.0, eval_every: int = 500, seed: int = 0) -> Path:
-    """Distil a small draft on the target's next-token distributions (soft labels)."""
+                lr: float = 2e-3, temperature: float = 1.0, eval_every: int = 500, long_share: float = 0.25,
+                token_budget: int = 2048, seed: int = 0) -> Path:
+    """Distil a small draft on the target's next-token distributions (soft labels). A share
+    `long_share` of the steps are videos of 16-512 frames (`_length_step`, `token_budget` visual
+    tokens a step), so that the draft follows the target at every length of the demo's curve."""
     from transformers import AutoTokenizer
 
     torch.manual_seed(seed)
@@ -430,8 +543,10 @@ def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size:
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = _lr(step, steps, lr)
-        seeds = range(5_000_000 + step * batch_size, 5_000_000 + (step + 1) * batch_size)
-        samples = [data.make_sample(tok, target.config.video_token_id, s, rng=rng, noise=4.0) for s in seeds]
+        frames, n, mix = _length_step(step, steps, batch_size, token_budget, 1 - long_share, rng, data.TaskMix())
+        seeds = range(5_000_000 + step * batch_size, 5_000_000 + step * batch_size + n)
+        samples = [data.make_sample(tok, target.config.video_token_id, s, num_frames=frames, rng=rng, noise=4.0, mix=mix)
+                   for s in seeds]
         batch = data.collate(samples, tok.pad_token_id)
         keep = batch["labels"] != -100
         with torch.no_grad():
@@ -447,12 +562,13 @@ def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size:
         _optimise(opt, loss, params)
         if step % 25 == 0:
             agree = (d_lp.argmax(-1) == t_lp.argmax(-1)).float().mean().item()
-            rate = (step + 1 - start) * batch_size / (time.time() - t0)
-            bar.set_postfix(kl=f"{loss.item():.3f}", agree=f"{agree:.3f}", sps=f"{rate:.1f}")
-            _log(log, {"step": step, "kl": loss.item(), "top1_agreement": agree, "samples_per_s": rate,
+            bar.set_postfix(kl=f"{loss.item():.3f}", agree=f"{agree:.3f}", frames=frames)
+            _log(log, {"step": step, "frames": frames, "samples": n, "kl": loss.item(), "top1_agreement": agree,
+                       "elapsed_s": round(time.time() - t0, 1), "threads": torch.get_num_threads(),
                        "time": time.time()})
-        if (step + 1) % eval_every == 0 or step + 1 == steps:
+        if (step + 1) % 100 == 0 or step + 1 == steps:
             _checkpoint(ckpt, {"model": draft}, opt, step + 1)
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
             _log(log, {"step": step + 1, "eval": evaluate(draft, tok, num_scenes=12), "time": time.time()})
     draft.save_pretrained(out / "draft", safe_serialization=True)
     tok.save_pretrained(out / "draft")
