@@ -1,12 +1,13 @@
-"""Draft-step cost of several drafters at several video lengths, with the work per step held fixed.
+"""Draft-step cost of several drafters at several video lengths, paired step by step.
 
-Each drafter runs in the shadow of vanilla decoding: every step it feeds the one token committed
-since its last proposal and grows a full tree of a fixed shape (timed), but the loop is given an
-empty draft, so every drafter and video length does exactly the same work per step (one new token,
-the same tree, a cache growing by one per step) whatever its acceptance. The methods alternate
-sample by sample in one process (timings on shared machines drift). Reported per method and length:
-median draft step (ms), per draft forward (step / depth: one refeed plus depth - 1 tree levels), the
-draft's committed KV length after its prefill, and each method's step over the first method's.
+The drafters run side by side in the shadow of one vanilla decode: at every step each of them feeds
+the one token committed since its last proposal and grows a tree of the same fixed shape (timed,
+the order rotating step by step), and the loop is given an empty draft. So every drafter does the
+same work on the same tokens at the same moment, whatever its acceptance, and machine drift hits
+them alike (a per-sample alternation left +-20% of noise on a loaded 2-core machine). Reported per
+method and length: median draft step (ms), per draft forward (step / depth: one refeed plus
+depth - 1 tree levels), the draft's committed KV length after its prefill (read from its cache), and
+the median over steps of each method's step over the first method's step.
 
 usage: python scripts/measure_draft_cost.py [--frames 256,512] [--methods sd_tree,specvlm]
        [--samples 2] [--new-tokens 32] [--options tree=dynamic] [--threads 1] [--out FILE.json]
@@ -26,23 +27,35 @@ from lvspec_eval.decoding import loop, methods
 from lvspec_eval.decoding.types import Draft
 
 
-class Shadow:
-    """Times the drafter's proposals and hands the loop an empty draft (vanilla decoding)."""
+class Shadows:
+    """Several drafters behind one: each proposes every step (timed), the loop gets an empty draft."""
 
-    def __init__(self, drafter):
-        self.drafter, self.times = drafter, []
+    def __init__(self, drafters: dict):
+        self.drafters = drafters
+        self.times: dict[str, list[float]] = {name: [] for name in drafters}
+        self.needs_visual_attention = any(d.needs_visual_attention for d in drafters.values())
+        self.hidden_layers = tuple(sorted({layer for d in drafters.values() for layer in d.hidden_layers}))
+        self.name = "shadows"
 
-    def __getattr__(self, name):
-        return getattr(self.drafter, name)
+    def start(self, target, inputs, target_state, clock) -> dict:
+        for drafter in self.drafters.values():
+            drafter.start(target, inputs, target_state, clock)
+        return {}
 
     def propose(self, generated: list[int]) -> Draft:
-        t = time.perf_counter()
-        self.drafter.propose(generated)
-        self.times.append(time.perf_counter() - t)
+        names = list(self.drafters)
+        k = len(generated) % len(names)
+        for name in names[k:] + names[:k]:
+            t = time.perf_counter()
+            self.drafters[name].propose(generated)
+            self.times[name].append(time.perf_counter() - t)
         return Draft.empty()
 
     def observe(self, verdict, scores, step=None) -> None:
-        pass  # a fixed tree has no policy to inform; the shadowed steps are vanilla's anyway
+        pass  # fixed trees have no policy to inform
+
+    def estimates(self) -> None:
+        return None
 
 
 def _drafter(name: str, options_text: str, draft, target):
@@ -51,29 +64,29 @@ def _drafter(name: str, options_text: str, draft, target):
     if options.tree == "adaptive":
         raise ValueError("tree=adaptive decides per step from measured costs, which a shadowed drafter "
                          "never sees: pass a fixed shape, e.g. --options tree=dynamic (or static, chain)")
-    drafter, verifier = methods.build(spec, options, draft, target)
-    return Shadow(drafter), verifier, options.tree_config().depth
+    return methods.build(spec, options, draft, target)[0], options.tree_config().depth
 
 
 def _one_length(args, names: list[str], frames: int, target, draft) -> dict:
-    """{method: figures} at one video length; the methods alternate sample by sample."""
+    """{method: figures} at one video length."""
     steps, info = {m: [] for m in names}, {}
-    for i, sample in enumerate(make_samples("synthvid_caption", args.samples, frames)):
-        for name in names[i % len(names):] + names[: i % len(names)]:
-            shadow, verifier, depth = _drafter(name, args.options, draft, target)
-            res = loop.generate(target, shadow, verifier, sample["prompt"],
-                                [(sample["video"].frames, sample["video"].fps)], args.new_tokens)
-            steps[name] += [1000 * t for t in shadow.times[1:]]  # the first proposal allocates
-            state = shadow.drafter.state  # its committed entries, less the generated tokens it was fed
-            info[name] = {"visual_tokens": res.stats.visual_tokens, "kept_visual_tokens": res.stats.kept_visual_tokens,
-                          "draft_kv_after_prefill": state.cache_len - shadow.drafter.num_fed, "depth": depth}
-    first = statistics.median(steps[names[0]])
+    vanilla = methods.resolve("vanilla")
+    verifier = methods.build(vanilla, methods.make_options(vanilla, {}), None, target)[1]
+    for sample in make_samples("synthvid_caption", args.samples, frames):
+        built = {name: _drafter(name, args.options, draft, target) for name in names}
+        shadows = Shadows({name: d for name, (d, _) in built.items()})
+        res = loop.generate(target, shadows, verifier, sample["prompt"],
+                            [(sample["video"].frames, sample["video"].fps)], args.new_tokens)
+        for name, (drafter, depth) in built.items():
+            steps[name] += [1000 * t for t in shadows.times[name][1:]]  # the first proposal allocates
+            kv = drafter.state.cache_len - drafter.num_fed  # committed entries less the generated tokens fed
+            info[name] = {"visual_tokens": res.stats.visual_tokens, "draft_kv_after_prefill": kv, "depth": depth}
     rows = {}
     for name in names:
         step = statistics.median(steps[name])
+        paired = statistics.median(a / b for a, b in zip(steps[name], steps[names[0]]))
         rows[name] = {**info[name], "steps": len(steps[name]), "draft_step_ms": round(step, 3),
-                      "per_forward_ms": round(step / info[name]["depth"], 3),
-                      f"ratio_to_{names[0]}": round(step / first, 3)}
+                      "per_forward_ms": round(step / info[name]["depth"], 3), f"ratio_to_{names[0]}": round(paired, 3)}
     return rows
 
 
