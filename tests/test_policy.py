@@ -146,3 +146,26 @@ def test_one_token_answers_are_not_drafted_for():
         chosen.append(shape is not None)
     assert sum(chosen[-8:]) <= 2, chosen  # only the probes, ever rarer (after 1, 2, 4, 8 plain steps)
     assert policy.estimates()["mean_answer_tokens"] < 3
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_best_plan_is_the_formula_maximised_over_every_depth_and_width(seed):
+    """plan() runs every step, so _best_plan is written as one float loop; it must pick what the
+    module's formula, evaluated plainly through the fits' own predict(), picks."""
+    import math
+
+    policy = make_policy()
+    simulate(policy, lambda t: 1.0 + 0.02 * t * seed, 0.05 + 0.1 * seed, 60 + 40 * seed, seed=seed, coverage=BROAD)
+    policy.generated = 5 * seed
+
+    def rate(depth, width):
+        c = min(0.99, policy.accept_rate(width) + 0.3 / (1.0 + policy.accept[width].trials))
+        expected = 1.0 + min(max(policy.remaining() - 1.0, 0.0),
+                             policy._correction() * policy._model_accepted(c, depth))
+        cost = policy.draft.predict([1, depth - 1, width * (depth - 1)]) \
+            + policy.verify.predict([1, 1 + min(width * depth, policy.max_nodes)])
+        return expected / cost
+
+    want = max((rate(d, w), d, w) for w in policy.widths for d in range(1, policy.max_depth + 1))
+    got = policy._best_plan()
+    assert got[1:] == want[1:] and math.isclose(got[0], want[0], rel_tol=1e-9)

@@ -186,10 +186,10 @@ class AdaptivePolicy:
             self.since_single += 1
             return dynamic_shape(1, 1, 1, None), {"depth": 1, "width": 1, "reason": "probe"}
         vanilla = 1.0 / self.single
-        rate, depth, width = max((self._rate(d, w), d, w) for w in self.widths for d in range(1, self.max_depth + 1))
+        rate, depth, width = self._best_plan()
+        accept = self.accept_rate(width)
         info = {"depth": depth, "width": width, "est_rate": rate, "vanilla_rate": vanilla,
-                "est_accept": self.accept_rate(width),
-                "model_accepted": self._model_accepted(self.accept_rate(width), depth)}
+                "est_accept": accept, "model_accepted": self._model_accepted(accept, depth)}
         if rate < vanilla:
             self.skipped += 1
             if self.skipped < self.probe_every:
@@ -211,25 +211,45 @@ class AdaptivePolicy:
                 self.accept_rate(width), depth))
         return dynamic_shape(depth, width, width, None), info
 
-    def accept_rate(self, width: int) -> float:
-        """c_w. A width not tried much borrows from the next narrower one: its prior (worth two
-        steps) assumes doubling the width removes 30% of the narrower width's misses."""
-        narrower = [w for w in self.widths if w < width]
-        if not narrower:
-            return self.accept[width].value
-        base = self.accept_rate(narrower[-1])
-        r = self.accept[width]
-        return max(base, (r.hits + 2 * (1 - 0.7 * (1 - base))) / (r.trials + 2))
+    def accept_rates(self) -> dict[int, float]:
+        """c_w for every width. A width not tried much borrows from the next narrower one: its prior
+        (worth two steps) assumes doubling the width removes 30% of the narrower width's misses."""
+        rates, base = {}, None
+        for width in self.widths:
+            r = self.accept[width]
+            rates[width] = r.value if base is None else max(base, (r.hits + 2 * (1 - 0.7 * (1 - base))) / (r.trials + 2))
+            base = rates[width]
+        return rates
 
-    def _rate(self, depth: int, width: int) -> float:
-        # optimism for widths tried little (it fades with their trials), so one unlucky step does
-        # not rule a width out for the rest of the run
-        c = min(0.99, self.accept_rate(width) + 0.3 / (1.0 + self.accept[width].trials))
+    def accept_rate(self, width: int) -> float:
+        return self.accept_rates()[width]
+
+    def _best_plan(self) -> tuple[float, int, int]:
+        """(rate, depth, width) of the plan with the highest expected rate (ties: the deeper, then
+        the wider). Runs every step, so what does not depend on the depth (the fits, each width's
+        acceptance, the correction) is read once and the loop is plain float arithmetic."""
+        draft, verify = self.draft.theta(), self.verify.theta()
+        if draft is None or verify is None:  # no cost measured yet: nothing to compare
+            return 0.0, self.max_depth, self.widths[-1]
+        (r, per_level, per_node), (a, per_token) = draft.tolist(), verify.tolist()
         useful = max(self.remaining() - 1.0, 0.0)  # the step's own (bonus) token is the first of them
-        expected = 1.0 + min(useful, self._correction() * self._model_accepted(c, depth))
-        nodes = min(width * depth, self.max_nodes)
-        cost = self.draft.predict([1, depth - 1, width * (depth - 1)]) + self.verify.predict([1, 1 + nodes])
-        return expected / cost if cost > 0 else 0.0
+        k = self._correction()
+        best = (-math.inf, 0, 0)
+        for width, rate in self.accept_rates().items():
+            # optimism for widths tried little (it fades with their trials), so one unlucky step
+            # does not rule a width out for the rest of the run
+            c = min(0.99, rate + 0.3 / (1.0 + self.accept[width].trials))
+            accepted, c_d = 0.0, 1.0  # sum of c^d' for d' <= depth, as _model_accepted(c, depth)
+            for depth in range(1, self.max_depth + 1):
+                c_d *= c
+                accepted += c_d
+                expected = 1.0 + min(useful, k * accepted)
+                cost = r + a + per_token * (1 + min(width * depth, self.max_nodes)) \
+                    + (per_level + per_node * width) * (depth - 1)
+                candidate = (expected / cost if cost > 0 else 0.0, depth, width)
+                if candidate > best:
+                    best = candidate
+        return best
 
     @staticmethod
     def _model_accepted(c: float, depth: int) -> float:
@@ -322,6 +342,6 @@ class AdaptivePolicy:
         return {"step_cost": None if self.single is None else round(self.single, 6),
                 "mean_answer_tokens": None if self.mean_length is None else round(self.mean_length, 2),
                 "verify_cost_fit": fit(self.verify), "draft_cost_fit": fit(self.draft),
-                "accept_by_width": {str(w): round(self.accept_rate(w), 4) for w in self.widths},
+                "accept_by_width": {str(w): round(c, 4) for w, c in self.accept_rates().items()},
                 "realised_over_model": round(self._correction(), 4),
                 "calibration": [round(x, 4) for x in self.calibration.table()]}

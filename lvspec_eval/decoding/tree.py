@@ -5,6 +5,7 @@ parents[i] (-1 = the root) and parents come before children. A chain is parents 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -139,6 +140,7 @@ class Shape:
         return sum(len(level.rows) for level in self.levels)
 
 
+@functools.lru_cache(maxsize=512)  # the adaptive policy asks for one every step (shapes are frozen)
 def dynamic_shape(depth: int, width: int, children: int, total: int | None) -> Shape:
     """EAGLE-2: the root's `children` best children, then at each level the `width` best nodes of
     the level above, each with its `children` best children; keep the `total` best (None: all)."""
