@@ -25,7 +25,7 @@ class Shadow:
             for _ in range(MICRO_N):
                 t = time.perf_counter(); self.inner.propose(generated); self.micro.append(time.perf_counter() - t)
         return Draft.empty()
-    def observe(self, verdict, scores): self.inner.observe(verdict, scores)
+    def observe(self, verdict, scores, step=None): self.inner.observe(verdict, scores, step)
 
 MICRO_AT, MICRO_N = 24, 30
 micro = {f: [] for f in frames_list}
