@@ -1,7 +1,9 @@
 """`lvspec-eval build-demo`: train the demo world's tokenizer, target and drafts on this CPU.
 
 It runs once (on 2 cores: tokenizer seconds, target 77 minutes, the last 7 of them its question
-phase, draft 8 minutes, the restyled draft 2; the Sparrow heads are `lvspec-eval train-sparrow`);
+phase, then its length fine-tune, draft 8 minutes (from scratch at 8 frames only; longer with
+one step in four at 16-512 frames), the restyled draft 2; the Sparrow heads are
+`lvspec-eval train-sparrow`; docs/DEMO.md has the measured times);
 the checkpoints it writes are committed (stored in bfloat16, run in float32), so `make demo` needs
 no training. Every stage logs to <work>/train_*.log, checkpoints as it goes and resumes where it
 stopped when run again.
@@ -39,7 +41,8 @@ def store_bfloat16(folder: Path) -> None:
 
 
 def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_steps: int, threads: int,
-          restyle_steps: int = 300, length_steps: int = 600) -> None:
+          restyle_steps: int = 300, length_steps: int = 600, draft_init: Path | None = None,
+          draft_lr: float = 2e-3) -> None:
     torch.set_num_threads(threads)
     work.mkdir(parents=True, exist_ok=True)
     target_dir = out / "target"
@@ -48,19 +51,20 @@ def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_s
     write_preprocessor_config(target_dir)
     if length_steps and not (target_dir / train.LENGTHS_MARKER).exists():
         train.finetune_lengths(work, target_dir, steps=length_steps)
+    store_bfloat16(target_dir)  # the drafts (and Sparrow heads) learn from the target as shipped
     if not (out / "draft" / "config.json").exists():
-        train.train_draft(work, out, target_dir, steps=draft_steps)
+        train.train_draft(work, out, target_dir, steps=draft_steps, lr=draft_lr, init=draft_init)
     write_preprocessor_config(out / "draft")
     if not (out / "draft_restyled" / "config.json").exists():
         train.restyle_draft(work, out, out / "draft", steps=restyle_steps)
     write_preprocessor_config(out / "draft_restyled")
-    for folder in (target_dir, out / "draft", out / "draft_restyled"):
+    for folder in (out / "draft", out / "draft_restyled"):
         store_bfloat16(folder)
 
 
 def _run(args: argparse.Namespace) -> int:
     build(Path(args.work), Path(args.out), args.target_steps, args.question_steps, args.draft_steps, args.threads,
-          args.restyle_steps, args.length_steps)
+          args.restyle_steps, args.length_steps, Path(args.draft_init) if args.draft_init else None, args.draft_lr)
     print(f"demo checkpoints in {args.out}")
     return 0
 
@@ -76,6 +80,9 @@ def register(sub) -> None:
                    help="steps fine-tuning the target on videos of 16-512 frames (4,096 visual tokens in each); 0: none")
     p.add_argument("--draft-steps", type=int, default=500,
                    help="draft distillation steps (16 samples at 8 frames; one step in four 16-512 frames)")
+    p.add_argument("--draft-init", default=None,
+                   help="start the draft's distillation from this draft folder instead of from scratch")
+    p.add_argument("--draft-lr", type=float, default=2e-3, help="the draft distillation's peak learning rate")
     p.add_argument("--restyle-steps", type=int, default=300,
                    help="steps fine-tuning a copy of the draft on captions of another phrasing style (demo-draft-restyled)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")

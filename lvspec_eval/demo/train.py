@@ -25,9 +25,17 @@ in four are multiple-choice questions, 60% of them about motion or order of appe
 questions the model answers worst while its captions state the same facts right
 (results/training/experiments/).
 
+Length fine-tune (`finetune_lengths`, a stage of `build-demo` after the target's run): the target
+trained at 8 frames never saw temporal positions past 16 grids and fell into repetitions past 256
+visual tokens; a short run on videos of 16 to 512 frames (4,096 visual tokens a step, the longest
+length raised over the run, one step in four at 8 frames on the question mix) with the
+language-model loss and probes at the visual positions (each object token's attributes, motion
+included, and order of appearance: in a long video both are only seen across temporal patches).
+
 Draft: a smaller Qwen2.5-VL whose vision blocks start as a frozen copy of the target's, trained
 by distillation on the target's next-token distributions over the same kind of data (as EAGLE-
-style drafts are), so that it agrees with the target where the target is sure.
+style drafts are), so that it agrees with the target where the target is sure; one step in four
+is a video of 16 to 512 frames, so that it does at every length of the demo's curve.
 
 Restyled draft: that draft fine-tuned on references in another phrasing style (the same phrasings,
 another favourite per slot; data.RESTYLE_MIX), as a smaller model of the family trained on its own
@@ -448,12 +456,38 @@ def _freeze_vision(model) -> list:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def lm_loss(model, samples: list[data.Sample]) -> torch.Tensor:
-    """The language-model loss (per-sample mean, `per_sample_loss`) of a batch, in float32."""
+class VisualProbes(torch.nn.Module):
+    """Probes on the language model's hidden states at the visual positions (training only): the
+    attributes (AuxHead: colour, shape, size, motion) and the order of appearance (OrderProbe) of the
+    object each token holds. In a long video an object moves less than a pixel between the two
+    frames of a temporal patch, so its motion (like its order of appearance) is only seen by
+    comparing temporal patches, which the language model's attention does; these give that
+    comparison a signal at every object token instead of at one caption word."""
+
+    def __init__(self, hidden: int, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.attributes = AuxHead(hidden)
+        self.order = OrderProbe(hidden, layer)
+
+    def loss(self, hidden_states: tuple[torch.Tensor, ...], video_mask: torch.Tensor, owners: torch.Tensor,
+             labels: torch.Tensor) -> torch.Tensor:
+        feats = hidden_states[self.layer][video_mask].float()
+        return self.attributes.loss(feats, labels) + self.order.loss(hidden_states, video_mask, owners)
+
+
+def length_losses(model, probes: VisualProbes, samples: list[data.Sample], frames: int) -> dict[str, torch.Tensor]:
+    """The length fine-tune's losses on one batch, in float32: the language-model loss
+    (`per_sample_loss`) and the visual-position probes' (`VisualProbes`)."""
     batch = data.collate(samples, model.config.pad_token_id)
+    owners = [coverage_owners(s.scene, frames, models.FRAME_SIZE) for s in samples]
+    labels = torch.cat([coverage_labels(o, s.scene) for o, s in zip(owners, samples)])
     embeds, pos, _ = _embed_inputs(model, batch)
-    logits = model(inputs_embeds=embeds, position_ids=pos, attention_mask=batch["attention_mask"]).logits
-    return per_sample_loss(logits, batch["labels"])
+    out = model(inputs_embeds=embeds, position_ids=pos, attention_mask=batch["attention_mask"],
+                output_hidden_states=True)
+    video_mask = batch["input_ids"] == model.config.video_token_id
+    return {"lm": per_sample_loss(out.logits, batch["labels"]),
+            "visual_probe": probes.loss(out.hidden_states, video_mask, torch.cat(owners), labels)}
 
 
 LENGTH_EVAL = {models.FRAMES: 12, 128: 6, 512: 6}  # frames -> held-out scenes, during the fine-tune
@@ -462,12 +496,15 @@ LENGTHS_MARKER = "length_finetune.json"
 
 def finetune_lengths(work: Path, target_dir: Path, steps: int, batch_size: int = 16, token_budget: int = 4096,
                      trained_share: float = 0.25, lr: float = 2e-4, eval_every: int = 150, ckpt_every: int = 25,
-                     length_eval: dict[int, int] | None = None, seed: int = 0) -> Path:
+                     length_eval: dict[int, int] | None = None, probe_weight: float = 0.5, probe_layer: int = 4,
+                     probe_lr: float = 2e-3, seed: int = 0) -> Path:
     """Fine-tune a trained target on videos of 16 to 512 frames (up to 4,096 visual tokens), so that
     it captions long videos as it does 8-frame ones: trained at 8 frames, its temporal positions
     never went past 16 grids, and past 256 visual tokens it fell into repetitions. Length
-    curriculum (`_length_step`), language-model loss only, float32 (bfloat16 autocast was 16x
-    slower than float32 on this CPU, 2026-12-01), vision tower frozen. Overwrites `target_dir` and
+    curriculum (`_length_step`), the language-model loss plus `probe_weight` x the visual-position
+    probes of `VisualProbes` (at layer `probe_layer`; their own learning rate `probe_lr`, since they
+    start untrained), float32 (bfloat16 autocast was 16x slower than float32 on this CPU,
+    2026-12-01), vision tower frozen. Overwrites `target_dir` and
     writes LENGTHS_MARKER there (the stage's record); logs to <work>/train_target_lengths.log (with
     `evaluate_lengths` on `length_eval`, default LENGTH_EVAL, every `eval_every` steps) and resumes
     from <work>/target_lengths.ckpt (saved every `ckpt_every` steps)."""
@@ -476,35 +513,37 @@ def finetune_lengths(work: Path, target_dir: Path, steps: int, batch_size: int =
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(target_dir)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(target_dir, dtype=torch.float32)
+    probes = VisualProbes(model.config.text_config.hidden_size, probe_layer)
     params = _freeze_vision(model)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    groups = [{"params": params, "peak": lr}, {"params": list(probes.parameters()), "peak": probe_lr}]
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     ckpt, log = work / "target_lengths.ckpt", work / "train_target_lengths.log"
-    start = _resume(ckpt, {"model": model}, opt)
+    start = _resume(ckpt, {"model": model, "probes": probes}, opt)
     model.train()
     rng = np.random.default_rng(seed + 13 + start)
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="target lengths", mininterval=5)
     t0 = time.time()
     for step in bar:
         frames, n, mix = _length_step(step, steps, batch_size, token_budget, trained_share, rng)
-        step_lr = _phase_lr(step, steps, lr)
         for g in opt.param_groups:
-            g["lr"] = step_lr
+            g["lr"] = _phase_lr(step, steps, g["peak"])
         first = 9_000_000 + step * batch_size
         samples = [data.make_sample(tok, model.config.video_token_id, s, num_frames=frames, rng=rng, noise=4.0, mix=mix)
                    for s in range(first, first + n)]
-        loss = lm_loss(model, samples)
-        _optimise(opt, loss, params)
-        bar.set_postfix(lm=f"{loss.item():.3f}", frames=frames)
-        _log(log, {"step": step, "frames": frames, "samples": n, "lm_loss": loss.item(), "lr": step_lr,
+        losses = length_losses(model, probes, samples, frames)
+        _optimise(opt, losses["lm"] + probe_weight * losses["visual_probe"], params + groups[1]["params"])
+        bar.set_postfix(lm=f"{losses['lm'].item():.3f}", frames=frames)
+        _log(log, {"step": step, "frames": frames, "samples": n, **{f"{k}_loss": v.item() for k, v in losses.items()},
+                   "lr": opt.param_groups[0]["lr"],
                    "elapsed_s": round(time.time() - t0, 1), "threads": torch.get_num_threads(), "time": time.time()})
         if (step + 1) % ckpt_every == 0 or step + 1 == steps:
-            _checkpoint(ckpt, {"model": model}, opt, step + 1)
+            _checkpoint(ckpt, {"model": model, "probes": probes}, opt, step + 1)
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             _log(log, {"step": step + 1, "eval": evaluate_lengths(model, tok, length_eval or LENGTH_EVAL), "time": time.time()})
     model.eval()
     model.save_pretrained(target_dir, safe_serialization=True)
     record = {"steps": steps, "batch_size": batch_size, "token_budget": token_budget, "trained_share": trained_share,
-              "lr": lr, "ladder": LENGTH_LADDER, "curriculum": LENGTH_CURRICULUM}
+              "lr": lr, "probe_weight": probe_weight, "probe_layer": probe_layer, "probe_lr": probe_lr, "ladder": LENGTH_LADDER, "curriculum": LENGTH_CURRICULUM}
     (target_dir / LENGTHS_MARKER).write_text(json.dumps(record, indent=1) + "\n")
     return target_dir
 
@@ -520,16 +559,20 @@ def _draft_optimiser(draft, lr: float) -> tuple[list, torch.optim.Optimizer]:
 
 def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size: int = 16,
                 lr: float = 2e-3, temperature: float = 1.0, eval_every: int = 500, long_share: float = 0.25,
-                token_budget: int = 2048, seed: int = 0) -> Path:
+                token_budget: int = 2048, init: Path | None = None, seed: int = 0) -> Path:
     """Distil a small draft on the target's next-token distributions (soft labels). A share
     `long_share` of the steps are videos of 16-512 frames (`_length_step`, `token_budget` visual
-    tokens a step), so that the draft follows the target at every length of the demo's curve."""
+    tokens a step), so that the draft follows the target at every length of the demo's curve.
+    `init`: start from that draft (a re-distillation for a changed target) instead of from scratch."""
     from transformers import AutoTokenizer
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(out / "tokenizer")
     target = Qwen2_5_VLForConditionalGeneration.from_pretrained(target_dir).float().eval()
-    draft = Qwen2_5_VLForConditionalGeneration(models.draft_config(tok)).float()
+    if init is not None:
+        draft = Qwen2_5_VLForConditionalGeneration.from_pretrained(init, dtype=torch.float32)
+    else:
+        draft = Qwen2_5_VLForConditionalGeneration(models.draft_config(tok)).float()
     # Start from the target's vision blocks (same layout) and keep them frozen; train the rest.
     own = draft.model.visual.state_dict()
     own.update({k: v for k, v in target.model.visual.state_dict().items() if not k.startswith("merger.")})
