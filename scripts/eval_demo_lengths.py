@@ -37,7 +37,7 @@ def main() -> None:
               "wall_s": round(time.time() - t0, 1), "threads": args.threads}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for key, r in result["lengths"].items():
-        print(key, {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()})
+        print(key, json.dumps(r))
 
 
 if __name__ == "__main__":

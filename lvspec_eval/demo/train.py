@@ -227,27 +227,35 @@ def evaluate(model, tokenizer, num_scenes: int = 24, seed0: int = data.HELDOUT_S
              num_frames: int = models.FRAMES, questions: bool = True) -> dict:
     """Greedy captions (and, with `questions`, one MC answer per scene) on held-out scenes rendered
     at `num_frames`, scored against the scene records: fact_accuracy = visual facts (colour, shape,
-    motion) stated right / stated, recall and f1 as judges/oracle.py's score_caption."""
+    motion) stated right / stated (attribute_accuracy: the same per attribute), recall and f1 as
+    judges/oracle.py's score_caption."""
     from judges.oracle import score_caption  # local import: judges is a sibling package
 
     model.eval()
     stated = correct = mc_right = 0
     recall, f1 = [], []
+    per_attribute = {a: [0, 0] for a in ("colour", "shape", "motion")}  # [right, stated]
     for k in range(num_scenes):
         scene = world.make_scene(seed0 + k)
         pixels = data.preprocess_video(world.render(scene, num_frames, models.FRAME_SIZE, models.FRAME_SIZE),
                                        models.FPS, models.DEMO_PREPROCESS)
-        s = score_caption(_greedy_answer(model, tokenizer, pixels, world.CAPTION_PROMPT), scene)
+        text = _greedy_answer(model, tokenizer, pixels, world.CAPTION_PROMPT)
+        s = score_caption(text, scene)
         stated += s["visual_stated"]
         correct += s["visual_correct"]
         recall.append(s["recall"])
         f1.append(s["f1"])
+        for a, counts in per_attribute.items():
+            mentions = sum(m[a] is not None for m in world.caption_facts(text).objects)
+            counts[0] += round((s["per_attribute"][a] or 0.0) * mentions)
+            counts[1] += mentions
         if questions:
             qs = world.make_questions(scene)
             q = qs[k % len(qs)]
             mc_right += int(_greedy_answer(model, tokenizer, pixels, world.format_mcq(q), 2)[:1] == q["answer"])
     model.train()
-    out = {"fact_accuracy": correct / max(1, stated), "recall": float(np.mean(recall)), "f1": float(np.mean(f1))}
+    out = {"fact_accuracy": correct / max(1, stated), "recall": float(np.mean(recall)), "f1": float(np.mean(f1)),
+           "attribute_accuracy": {a: r / max(1, n) for a, (r, n) in per_attribute.items()}}
     return {**out, "mc_accuracy": mc_right / max(1, num_scenes)} if questions else out
 
 
