@@ -41,8 +41,8 @@ def store_bfloat16(folder: Path) -> None:
 
 
 def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_steps: int, threads: int,
-          restyle_steps: int = 300, length_steps: int = 600, draft_init: Path | None = None,
-          draft_lr: float = 2e-3) -> None:
+          restyle_steps: int = 300, length_steps: int = 580, draft_init: Path | None = None,
+          draft_lr: float = 2e-3, draft_long_share: float = 0.25) -> None:
     torch.set_num_threads(threads)
     work.mkdir(parents=True, exist_ok=True)
     target_dir = out / "target"
@@ -53,7 +53,8 @@ def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_s
         train.finetune_lengths(work, target_dir, steps=length_steps)
     store_bfloat16(target_dir)  # the drafts (and Sparrow heads) learn from the target as shipped
     if not (out / "draft" / "config.json").exists():
-        train.train_draft(work, out, target_dir, steps=draft_steps, lr=draft_lr, init=draft_init)
+        train.train_draft(work, out, target_dir, steps=draft_steps, lr=draft_lr, init=draft_init,
+                          long_share=draft_long_share)
     write_preprocessor_config(out / "draft")
     if not (out / "draft_restyled" / "config.json").exists():
         train.restyle_draft(work, out, out / "draft", steps=restyle_steps)
@@ -64,7 +65,8 @@ def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_s
 
 def _run(args: argparse.Namespace) -> int:
     build(Path(args.work), Path(args.out), args.target_steps, args.question_steps, args.draft_steps, args.threads,
-          args.restyle_steps, args.length_steps, Path(args.draft_init) if args.draft_init else None, args.draft_lr)
+          args.restyle_steps, args.length_steps, Path(args.draft_init) if args.draft_init else None, args.draft_lr,
+          args.draft_long_share)
     print(f"demo checkpoints in {args.out}")
     return 0
 
@@ -76,13 +78,15 @@ def register(sub) -> None:
     p.add_argument("--target-steps", type=int, default=4000, help="target optimiser steps of 16 samples, both phases")
     p.add_argument("--question-steps", type=int, default=400,
                    help="of those, the last ones on a question-rich mix (motion and order questions)")
-    p.add_argument("--length-steps", type=int, default=600,
+    p.add_argument("--length-steps", type=int, default=580,
                    help="steps fine-tuning the target on videos of 16-512 frames (4,096 visual tokens in each); 0: none")
     p.add_argument("--draft-steps", type=int, default=500,
                    help="draft distillation steps (16 samples at 8 frames; one step in four 16-512 frames)")
     p.add_argument("--draft-init", default=None,
                    help="start the draft's distillation from this draft folder instead of from scratch")
     p.add_argument("--draft-lr", type=float, default=2e-3, help="the draft distillation's peak learning rate")
+    p.add_argument("--draft-long-share", type=float, default=0.25,
+                   help="share of the draft's steps on 16-512 frame videos (0: 8 frames only, as the shipped draft)")
     p.add_argument("--restyle-steps", type=int, default=300,
                    help="steps fine-tuning a copy of the draft on captions of another phrasing style (demo-draft-restyled)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
