@@ -566,7 +566,7 @@ def _draft_optimiser(draft, lr: float) -> tuple[list, torch.optim.Optimizer]:
 
 
 def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size: int = 16,
-                lr: float = 2e-3, temperature: float = 1.0, eval_every: int = 500, long_share: float = 0.25,
+                lr: float = 2e-3, temperature: float = 1.0, eval_every: int = 500, long_share: float = 0.0,
                 token_budget: int = 2048, init: Path | None = None, seed: int = 0) -> Path:
     """Distil a small draft on the target's next-token distributions (soft labels). A share
     `long_share` of the steps are videos of 16-512 frames (`_length_step`, `token_budget` visual
