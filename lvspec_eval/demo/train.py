@@ -448,7 +448,9 @@ def _length_step(step: int, steps: int, batch_size: int, token_budget: int, trai
     data.QUESTION_MIX, so the multiple-choice answers the question phase built are kept), else a
     length from LENGTH_LADDER up to the curriculum's longest at this point, with as many samples as
     fit `token_budget` visual tokens, on LONG_MIX."""
-    if rng.random() < trained_share:
+    # trained_share 1 (the draft's default, 8 frames only) draws nothing: the run's random stream,
+    # and so its samples, stay those of the recipe that made the shipped draft
+    if trained_share >= 1.0 or rng.random() < trained_share:
         return models.FRAMES, batch_size, trained_mix
     longest = next(top for share, top in LENGTH_CURRICULUM if step < share * steps or share == 1.0)
     frames = int(rng.choice([f for f in LENGTH_LADDER if f <= longest]))
