@@ -136,7 +136,7 @@ def test_one_token_answers_are_not_drafted_for():
                             eos_token_ids=frozenset({0}))  # every verdict below closes with the end token 0
     chosen = []
     for _ in range(12):
-        policy.start_sample()
+        policy.start_sample(4)  # lmms-eval's multiple-choice tasks give a small max_new_tokens
         shape, plan = policy.plan(1)  # one token (the letter) so far
         n = 0 if shape is None else shape.num_nodes
         policy.observe(StepStats(n, min(n, 1), 0.02 * bool(n), 1.0 + 0.1 * n, plan), None if not n else HostView(
@@ -146,6 +146,13 @@ def test_one_token_answers_are_not_drafted_for():
         chosen.append(shape is not None)
     assert sum(chosen[-8:]) <= 2, chosen  # only the probes, ever rarer (after 1, 2, 4, 8 plain steps)
     assert policy.estimates()["mean_answer_tokens"] < 3
+    # the same run then decodes a caption task (lmms-eval runs one task's requests after another's):
+    # its requests have another budget, and the one-letter answers do not cap their drafts
+    policy.start_sample(64)
+    assert policy.mean_length is None and policy.remaining() == float("inf")
+    assert policy.plan(1)[1]["reason"] != "answer ends"
+    policy.start_sample(4)
+    assert policy.remaining() < 3
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

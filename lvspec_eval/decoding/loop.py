@@ -60,6 +60,7 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     t0 = clock()
     inputs = backend.prepare(prompt, videos)
     inputs.extra["request"] = (prompt, videos)
+    inputs.extra["max_new_tokens"] = max_new_tokens  # the request's budget (the adaptive policy keys on it)
     t1 = clock()
     layers = tuple(sorted(set(verifier.hidden_layers) | set(drafter.hidden_layers)))
     state, logits = backend.prefill(inputs, hidden_layers=layers, visual_attention=drafter.needs_visual_attention)

@@ -147,7 +147,10 @@ class AdaptivePolicy:
         self._table = torch.tensor(self.calibration.table(), device=device).log()
         self._table_age = 0
         self.single: float | None = None  # decayed mean cost of a plain one-token step
-        self.mean_length: float | None = None  # decayed mean of the run's answer lengths (tokens)
+        # decayed mean answer length (tokens) per request budget (max_new_tokens, which lmms-eval sets
+        # per task): a run of multiple-choice and caption tasks keeps one mean for each
+        self.mean_lengths: dict[int | None, float] = {}
+        self.budget: int | None = None  # the current request's max_new_tokens
         self.sample_tokens = 0  # tokens committed so far in the current sample
         self.generated = 0  # tokens the current sample had when this step was planned
         self.skipped = 0  # steps decoded without a draft since the last probe
@@ -157,12 +160,21 @@ class AdaptivePolicy:
         self.drafting_steps = 0
 
     # ---- choosing ---------------------------------------------------------------------------------
-    def start_sample(self) -> None:
-        """A new request: fold the last one's length into the mean answer length."""
+    def start_sample(self, budget: int | None = None) -> None:
+        """A new request with `budget` max_new_tokens: fold the last one's length into the mean answer
+        length of the last one's budget. Requests are told apart by budget because lmms-eval sets it
+        per task and runs one task's requests after another's: with one mean for the run, ten
+        one-letter answers of a multiple-choice task made the next task's captions undrafted."""
         if self.sample_tokens:
-            n = self.sample_tokens
-            self.mean_length = n if self.mean_length is None else 0.8 * self.mean_length + 0.2 * n
+            n, mean = self.sample_tokens, self.mean_lengths.get(self.budget)
+            self.mean_lengths[self.budget] = n if mean is None else 0.8 * mean + 0.2 * n
         self.sample_tokens = 0
+        self.budget = budget
+
+    @property
+    def mean_length(self) -> float | None:
+        """The mean answer length of requests with the current one's budget (None: none seen yet)."""
+        return self.mean_lengths.get(self.budget)
 
     def remaining(self) -> float:
         """Tokens the answer is still expected to need: the run's mean length minus what this one

@@ -169,9 +169,10 @@ class TreePlanner:
         if self._fixed is not None:
             self.grower.prepare(self._fixed)
 
-    def start_sample(self) -> None:
+    def start_sample(self, budget: int | None = None) -> None:
+        """A new request of at most `budget` new tokens (the policy keeps answer lengths per budget)."""
         if self.policy is not None:
-            self.policy.start_sample()
+            self.policy.start_sample(budget)
 
     def next_shape(self, num_generated: int = 0) -> tuple[Shape | None, dict | None]:
         """The step's shape (None: propose nothing this step) and what the policy chose, if any."""

@@ -73,7 +73,7 @@ class ModelDrafter:
         self.active = backend
         if self.planner is None or self.planner.grower.device != backend.device:
             self.planner = growth.TreePlanner(self.tree, backend.device, target.eos_token_ids)  # for the whole run
-        self.planner.start_sample()
+        self.planner.start_sample(inputs.extra.get("max_new_tokens"))
         self.num_fed = 0
         kept = inputs.num_visual_tokens if keep is None else int(keep.numel())
         return {"prune_s": t1 - t0, "draft_prefill_s": clock() - t1, "kept_visual_tokens": kept}

@@ -203,7 +203,7 @@ class SparrowDrafter:
         self._feed_committed(tokens, prev)
         if self.planner is None:
             self.planner = growth.TreePlanner(self.tree, self.target.device, self.target.eos_token_ids)
-        self.planner.start_sample()
+        self.planner.start_sample(inputs.extra.get("max_new_tokens"))
         return {"draft_prefill_s": clock() - t0, "kept_visual_tokens": 0}
 
     @torch.no_grad()
