@@ -56,3 +56,17 @@ def test_the_reference_report_is_refreshed_only_by_its_own_target():
     assert make_target_out("demo-reference") == str(run.REFERENCE_OUT)
     assert git("ls-files", "--", f"{run.REFERENCE_OUT}/summary.json").stdout.strip()  # committed
     assert run.REFERENCE_OUT != run.DEFAULT_OUT
+
+
+def test_results_files_name_no_folder_of_the_machine(tmp_path):
+    """lmms-eval writes our tasks' data files with absolute paths into its results file; the demo
+    makes them relative to the install folder (results/demo is committed)."""
+    import lvspec_eval
+
+    root = Path(lvspec_eval.__file__).resolve().parent.parent
+    data = root / "lvspec_eval" / "tasks" / "synthvid" / "stub_synthvid_caption.jsonl"
+    results = tmp_path / "x_results.json"
+    results.write_text('{"data_files": {"test": "%s"}, "other": "/elsewhere/file"}' % data)
+    run.strip_install_root(results)
+    assert results.read_text() == '{"data_files": {"test": "lvspec_eval/tasks/synthvid/stub_synthvid_caption.jsonl"}, ' \
+                                   '"other": "/elsewhere/file"}'

@@ -76,7 +76,18 @@ def run_lmms_eval(method: str, run_dir: Path, tasks: tuple[str, ...], limit: int
     new = results_files(run_dir)
     if not new:
         raise RuntimeError(f"lmms-eval wrote no results for method {method!r} in {run_dir}; see the log above")
+    strip_install_root(new[-1])
     return new[-1]
+
+
+def strip_install_root(results_file: Path) -> None:
+    """lmms-eval records each task's config, with the absolute path of our tasks' data files: make
+    those paths relative to the folder the package is installed in, so a results file names no
+    folder of the machine it ran on (results/demo is committed as the reference report)."""
+    root = str(Path(__file__).resolve().parents[2]) + os.sep
+    text = results_file.read_text()
+    if root in text:
+        results_file.write_text(text.replace(root, ""))
 
 
 def length_methods(value: str) -> list[str]:
