@@ -596,3 +596,19 @@ def test_crowded_point_labels_do_not_overlap(tmp_path):
     assert len(boxes) == 6
     names = list(boxes)
     assert [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if boxes[a].overlaps(boxes[b])] == []
+
+
+def test_length_plot_states_the_baselines_quality_at_each_length(tmp_path):
+    """A speedup where vanilla itself fails says little: the baseline's quality of each task that
+    holds one visual-token count alone is read for the x labels; tasks mixing counts or with short
+    answers (multiple choice) are not."""
+    pairs = {("cap", "sd_tree"): [pair(1.0, 2.0, 64)], ("cap_long", "sd_tree"): [pair(1.0, 1.0, 4096)],
+             ("mixed", "sd_tree"): [pair(1.0, 1.0, 100), pair(1.0, 1.0, 200)], ("mcq", "sd_tree"): [pair(1.0, 1.0, 64, 1)]}
+    rows = [{"task": t, "method": "vanilla", "metric": "fidelity_f1", "quality": q}
+            for t, q in (("cap", 1.0), ("cap_long", 0.14), ("mixed", 0.5), ("mcq", 0.9))]
+    rows.append({"task": "cap", "method": "sd_tree", "metric": "fidelity_f1", "quality": 1.0})
+    data = report_plots.PlotInput(rows=rows, pairs=pairs, baseline="vanilla", out_dir=tmp_path)
+    assert report_plots.baseline_quality_by_visual_tokens(data) == {64.0: ("fidelity_f1", 1.0),
+                                                                    4096.0: ("fidelity_f1", 0.14)}
+    (plot,) = report_plots.speedup_vs_visual_tokens(data)
+    assert "the baseline's quality there" in plot.caption

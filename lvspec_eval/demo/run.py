@@ -101,7 +101,7 @@ def timing_args(method: str, paired: bool) -> str:
 
 
 def run_demo(out: Path, methods: list[str], limit: int, threads: int, lengths: tuple[str, ...] | list[str] = (),
-             length_limit: int = 2, draft: str = "demo-draft", paired: bool = True) -> dict:
+             length_limit: int = 4, draft: str = "demo-draft", paired: bool = True) -> dict:
     """The main runs, then the length runs of `lengths` (if any), then the report."""
     import torch
 
@@ -153,7 +153,7 @@ def register(sub) -> None:
     p.add_argument("--length-methods", default=",".join(LENGTH_METHODS),
                    help="methods also run on the synthvid caption task at 256 to 4,096 visual tokens for the "
                         "speedup-vs-visual-tokens plot (vanilla always added; '' skips this stage)")
-    p.add_argument("--length-limit", type=int, default=2, help="samples per length task")
+    p.add_argument("--length-limit", type=int, default=4, help="samples per length task (each has 4 videos)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--unpaired", action="store_true",
                    help="time each method against vanilla's own run only (faster; noisier on a shared machine) "
