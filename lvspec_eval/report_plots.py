@@ -301,7 +301,7 @@ def speedup_vs_visual_tokens(data: PlotInput) -> list[Plot]:
         ax.minorticks_off()
         metrics = sorted({metric for metric, _ in quality.values()})
         ax.set_xlabel("visual tokens (log scale)" + (
-            f"; below: {data.baseline}'s {'/'.join(metrics)}, the quality the speedups keep" if quality else ""))
+            f"; below: {data.baseline}'s {'/'.join(metrics)}" if quality else ""))
     else:
         ax.set_xlabel("visual tokens (bin median, log scale)")
     ax.set_ylabel("decode speedup over vanilla (x)")
