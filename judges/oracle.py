@@ -47,6 +47,7 @@ def score_caption(text: str, scene: world.Scene) -> dict:
         "visual_stated": sum(per_attr[a][1] for a in VISUAL),
         "visual_correct": sum(per_attr[a][0] for a in VISUAL),
         "per_attribute": {a: (r / s if s else None) for a, (r, s) in per_attr.items()},
+        "per_attribute_counts": {a: (r, s) for a, (r, s) in per_attr.items()},  # (right, stated)
     }
 
 

@@ -223,6 +223,13 @@ MIN_NEW_TOKENS = 8  # shorter vanilla answers (one-letter MC) measure drafting o
 MAX_DISTINCT_COUNTS = 8  # up to this many distinct visual-token counts: one point each
 
 
+def on_length_curve(vanilla: dict, min_new_tokens: int = MIN_NEW_TOKENS) -> bool:
+    """Whether a sample counts on the speed-vs-length curve: its visual-token count is known and
+    vanilla's answer has at least `min_new_tokens` tokens (a record without the field counts)."""
+    return vanilla.get("visual_tokens") is not None and (
+        vanilla.get("num_new_tokens") is None or vanilla["num_new_tokens"] >= min_new_tokens)
+
+
 def binned_speedup(
     pairs: list[RecordPair],
     num_bins: int = 5,
@@ -238,11 +245,7 @@ def binned_speedup(
     point at that count; with more (real benchmarks) the bins are `num_bins` quantiles, so each
     holds about as many samples, placed at their median count. Speedup is a ratio of summed times.
     """
-    pairs = [
-        (m, v)
-        for m, v in pairs
-        if v.get("visual_tokens") is not None and (v.get("num_new_tokens") is None or v["num_new_tokens"] >= min_new_tokens)
-    ]
+    pairs = [(m, v) for m, v in pairs if on_length_curve(v, min_new_tokens)]
     if not pairs:
         return []
     visual = np.array([float(v["visual_tokens"]) for _, v in pairs])
@@ -273,8 +276,7 @@ def baseline_quality_by_visual_tokens(data: PlotInput) -> dict[float, tuple[str,
         if row["method"] != data.baseline or row.get("quality") is None:
             continue
         counts = {float(v["visual_tokens"]) for (task, _), pairs in data.pairs.items() if task == row["task"]
-                  for _, v in pairs if v.get("visual_tokens") is not None
-                  and (v.get("num_new_tokens") is None or v["num_new_tokens"] >= MIN_NEW_TOKENS)}
+                  for _, v in pairs if on_length_curve(v)}
         if len(counts) == 1:
             out[counts.pop()] = (row["metric"], float(row["quality"]))
     return out

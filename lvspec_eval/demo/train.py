@@ -229,12 +229,12 @@ def evaluate(model, tokenizer, num_scenes: int = 24, seed0: int = data.HELDOUT_S
     at `num_frames`, scored against the scene records: fact_accuracy = visual facts (colour, shape,
     motion) stated right / stated (attribute_accuracy: the same per attribute), recall and f1 as
     judges/oracle.py's score_caption."""
-    from judges.oracle import score_caption  # local import: judges is a sibling package
+    from judges.oracle import VISUAL, score_caption  # local import: judges is a sibling package
 
     model.eval()
     stated = correct = mc_right = 0
     recall, f1 = [], []
-    per_attribute = {a: [0, 0] for a in ("colour", "shape", "motion")}  # [right, stated]
+    per_attribute = {a: [0, 0] for a in VISUAL}  # [right, stated]
     for k in range(num_scenes):
         scene = world.make_scene(seed0 + k)
         pixels = data.preprocess_video(world.render(scene, num_frames, models.FRAME_SIZE, models.FRAME_SIZE),
@@ -246,9 +246,9 @@ def evaluate(model, tokenizer, num_scenes: int = 24, seed0: int = data.HELDOUT_S
         recall.append(s["recall"])
         f1.append(s["f1"])
         for a, counts in per_attribute.items():
-            mentions = sum(m[a] is not None for m in world.caption_facts(text).objects)
-            counts[0] += round((s["per_attribute"][a] or 0.0) * mentions)
-            counts[1] += mentions
+            right, mentioned = s["per_attribute_counts"][a]
+            counts[0] += right
+            counts[1] += mentioned
         if questions:
             qs = world.make_questions(scene)
             q = qs[k % len(qs)]
