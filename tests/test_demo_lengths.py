@@ -36,6 +36,7 @@ def test_length_steps_follow_budget_curriculum_and_share():
 def test_finetune_lengths_trains_logs_and_resumes(tmp_path, monkeypatch):
     target = tmp_path / "target"
     shutil.copytree(CHECKPOINTS / "target", target)
+    (target / train.LENGTHS_MARKER).unlink(missing_ok=True)  # the shipped target's record of its own fine-tune
     before = Qwen2_5_VLForConditionalGeneration.from_pretrained(target, dtype=torch.float32).state_dict()
     work = tmp_path / "work"
     work.mkdir()
@@ -61,14 +62,26 @@ def test_finetune_lengths_trains_logs_and_resumes(tmp_path, monkeypatch):
     assert changed and not any(k.startswith("model.visual.") for k in changed)  # the vision tower stays frozen
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 19: the shipped target is still the 8-frame one (F1 0.53 here); the "
-                   "length fine-tune's candidate is below the bar (docs/DEMO.md); remove once a target that passes ships")
-def test_shipped_target_captions_long_videos():
-    """The shipped target at 512 frames (4,096 visual tokens) on held-out scenes: before the length
-    fine-tune it fell into repetitions there (caption F1 0.14 on the issue's measurement)."""
+@pytest.fixture(scope="module")
+def shipped_at_512_frames() -> dict:
+    """The shipped target's captions of 4 held-out scenes at 512 frames (4,096 visual tokens)."""
     tok = AutoTokenizer.from_pretrained(CHECKPOINTS / "target")
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(CHECKPOINTS / "target", dtype=torch.float32).eval()
-    result = train.evaluate(model, tok, num_scenes=4, seed0=data.HELDOUT_SEED + 4000, num_frames=512,
-                            questions=False)
-    assert result["f1"] >= 0.85 and result["fact_accuracy"] >= 0.85, result
+    return train.evaluate(model, tok, num_scenes=4, seed0=data.HELDOUT_SEED + 4000, num_frames=512, questions=False)
+
+
+@pytest.mark.slow
+def test_shipped_target_captions_long_videos(shipped_at_512_frames):
+    """After the length fine-tune the shipped target captions 512-frame videos (F1 0.87 on these 4
+    scenes when it shipped); the 8-frame target it started from scored 0.41 at this length on 12
+    scenes, falling into repetitions or losing objects."""
+    assert shipped_at_512_frames["f1"] >= 0.75, shipped_at_512_frames
+    assert shipped_at_512_frames["attribute_accuracy"]["motion"] >= 0.75, shipped_at_512_frames
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 19: the bar is 0.9 at every length; the shipped target reaches caption F1 "
+                   "0.87 and fact accuracy 0.81 on these scenes (it merges two objects of one colour or motion in "
+                   "three-object scenes, docs/DEMO.md); remove once a target that passes ships")
+def test_shipped_target_meets_the_long_video_bar(shipped_at_512_frames):
+    assert shipped_at_512_frames["f1"] >= 0.9 and shipped_at_512_frames["fact_accuracy"] >= 0.9, shipped_at_512_frames

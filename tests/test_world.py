@@ -175,3 +175,37 @@ def test_per_sample_loss_weighs_each_answer_equally():
     long_answer = F.cross_entropy(logits[0, 1:5], labels[0, 2:6])
     one_letter = F.cross_entropy(logits[1, 3:4], labels[1, 4:5])
     assert torch.allclose(per_sample_loss(logits, labels), (long_answer + one_letter) / 2)
+
+
+def _centroid(frame: np.ndarray, colour: tuple[int, int, int]) -> np.ndarray | None:
+    ys, xs = np.nonzero((np.abs(frame.astype(int) - colour).sum(-1) == 0))
+    return None if len(xs) == 0 else np.array([xs.mean(), ys.mean()])
+
+
+def test_clips_up_to_eight_frames_keep_objects_inside():
+    """Up to world.SPEED_FRAMES frames an object's whole travel stays inside the frame (no wrap)."""
+    for seed in range(60):
+        scene = world.make_scene(seed)
+        for obj in scene.objects:
+            half = world.SIZES[obj.size] / 2
+            for t in np.linspace(obj.appear, 1.0, 8):
+                x, y = obj.position(float(t), world.SPEED_FRAMES)
+                assert half <= x <= 1 - half and half <= y <= 1 - half
+
+
+def test_long_clips_keep_the_speed_per_frame_and_wrap_in_the_direction_of_motion():
+    """Motions last: at 512 frames an object moves as far between two frames as at 8 frames (so one
+    temporal patch shows it moving), and when it leaves the frame it comes back on the other side,
+    still moving the same way."""
+    scene = next(s for s in map(world.make_scene, range(200))
+                 if len(s.objects) == 1 and s.objects[0].motion == "left")
+    obj, colour = scene.objects[0], world.COLOURS[scene.objects[0].colour]
+    short, long = world.render(scene, 8, 112, 112), world.render(scene, 512, 112, 112)
+    step_short = _centroid(short[1], colour)[0] - _centroid(short[0], colour)[0]
+    step_long = _centroid(long[1], colour)[0] - _centroid(long[0], colour)[0]
+    assert step_short < -5 and abs(step_long - step_short) < 1.0
+    xs = [c[0] for c in (_centroid(f, colour) for f in long) if c is not None]
+    moves = np.diff(xs)
+    assert (moves < 0).mean() > 0.9  # left nearly always...
+    assert (moves > 50).sum() >= 10  # ...except the jumps back to the right edge (about 25 crossings)
+    assert all(_centroid(f, colour) is not None for f in long[::7])  # never gone for long

@@ -1,8 +1,8 @@
 """`lvspec-eval build-demo`: train the demo world's tokenizer, target and drafts on this CPU.
 
 It runs once (on 2 cores: tokenizer seconds, target 77 minutes, the last 7 of them its question
-phase, (with --length-steps) its length fine-tune, draft 8 minutes (at 8 frames only; longer with
---draft-long-share), the restyled draft 2; the Sparrow heads are
+phase, its length fine-tune 45 (--length-steps), the draft about 18 (8 at 8 frames only,
+--draft-long-share 0), the restyled draft 2; the Sparrow heads are
 `lvspec-eval train-sparrow`; docs/DEMO.md has the measured times);
 the checkpoints it writes are committed (stored in bfloat16, run in float32), so `make demo` needs
 no training. Every stage logs to <work>/train_*.log, checkpoints as it goes and resumes where it
@@ -41,8 +41,8 @@ def store_bfloat16(folder: Path) -> None:
 
 
 def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_steps: int, threads: int,
-          restyle_steps: int = 300, length_steps: int = 0, draft_init: Path | None = None,
-          draft_lr: float = 2e-3, draft_long_share: float = 0.0) -> None:
+          restyle_steps: int = 300, length_steps: int = 600, draft_init: Path | None = None,
+          draft_lr: float = 2e-3, draft_long_share: float = 0.25) -> None:
     torch.set_num_threads(threads)
     work.mkdir(parents=True, exist_ok=True)
     target_dir = out / "target"
@@ -72,23 +72,23 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("build-demo", help="train the demo world's tokenizer, target and drafts (CPU, about 88 minutes)")
+    p = sub.add_parser("build-demo", help="train the demo world's tokenizer, target and drafts (CPU, about 2.4 hours)")
     p.add_argument("--out", default=str(CHECKPOINTS), help="where the checkpoints go (default: the package's)")
     p.add_argument("--work", default=".cache/demo_build", help="logs, resumable training state")
     p.add_argument("--target-steps", type=int, default=4000, help="target optimiser steps of 16 samples, both phases")
     p.add_argument("--question-steps", type=int, default=400,
                    help="of those, the last ones on a question-rich mix (motion and order questions)")
-    p.add_argument("--length-steps", type=int, default=0,
-                   help="steps fine-tuning the target on videos of 16-512 frames (4,096 visual tokens in each; "
-                        "580 made the candidate of docs/DEMO.md); 0 (default, the shipped target): none")
+    p.add_argument("--length-steps", type=int, default=600,
+                   help="steps fine-tuning the target on videos of 16-512 frames (4,096 visual tokens in each), "
+                        "after its 8-frame run; 0: none (the 8-frame target)")
     p.add_argument("--draft-steps", type=int, default=700, help="draft distillation steps of 16 samples at 8 frames "
                    "(or fewer videos of 16-512 frames, see --draft-long-share)")
     p.add_argument("--draft-init", default=None,
                    help="start the draft's distillation from this draft folder instead of from scratch")
     p.add_argument("--draft-lr", type=float, default=2e-3, help="the draft distillation's peak learning rate")
-    p.add_argument("--draft-long-share", type=float, default=0.0,
-                   help="share of the draft's steps on 16-512 frame videos, 4,096 visual tokens a step (0, default: "
-                        "8 frames only, as the shipped draft; 0.25 with --length-steps)")
+    p.add_argument("--draft-long-share", type=float, default=0.25,
+                   help="share of the draft's steps on 16-512 frame videos, 4,096 visual tokens a step (0: 8 frames "
+                        "only, for an 8-frame target)")
     p.add_argument("--restyle-steps", type=int, default=300,
                    help="steps fine-tuning a copy of the draft on captions of another phrasing style (demo-draft-restyled)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")

@@ -30,7 +30,7 @@ trained at 8 frames never saw temporal positions past 16 grids and fell into rep
 visual tokens; a short run on videos of 16 to 512 frames (4,096 visual tokens a step, the longest
 length raised over the run, one step in four at 8 frames on the question mix) with the
 language-model loss and probes at the visual positions (each object token's attributes, motion
-included, and order of appearance: in a long video both are only seen across temporal patches).
+included, and order of appearance, which in a long video is only seen across temporal patches).
 
 Draft: a smaller Qwen2.5-VL whose vision blocks start as a frozen copy of the target's, trained
 by distillation on the target's next-token distributions over the same kind of data (as EAGLE-
@@ -101,7 +101,7 @@ def coverage_owners(scene: world.Scene, num_frames: int, size_px: int, min_share
                 time_frac = f / max(1, num_frames - 1)
                 if time_frac + 1e-9 < obj.appear:
                     continue
-                cx, cy = obj.position(time_frac)
+                cx, cy = obj.position(time_frac, num_frames)
                 mask = world.shape_mask(obj.shape, xs - cx * size_px, ys - cy * size_px, world.SIZES[obj.size] * size_px / 2)
                 pixels = mask[:grid_s * TOKEN_PX, :grid_s * TOKEN_PX].reshape(grid_s, TOKEN_PX, grid_s, TOKEN_PX).sum((1, 3))
                 share += pixels / max(1, pixels.sum()) / len(frames)
@@ -469,10 +469,10 @@ def _freeze_vision(model) -> list:
 class VisualProbes(torch.nn.Module):
     """Probes on the language model's hidden states at the visual positions (training only): the
     attributes (AuxHead: colour, shape, size, motion) and the order of appearance (OrderProbe) of the
-    object each token holds. In a long video an object moves less than a pixel between the two
-    frames of a temporal patch, so its motion (like its order of appearance) is only seen by
-    comparing temporal patches, which the language model's attention does; these give that
-    comparison a signal at every object token instead of at one caption word."""
+    object each token holds. Order of appearance is only seen by comparing temporal patches, which
+    the language model's attention does (as was motion, before the world kept the speed per frame
+    at every length); these give that comparison a signal at every object token instead of at one
+    caption word."""
 
     def __init__(self, hidden: int, layer: int):
         super().__init__()

@@ -1,7 +1,8 @@
 """The demo world: procedural scenes, their videos, captions and multiple-choice questions.
 
 Everything is a pure function of a seed. A scene is a background colour and 1-3 objects, each
-with a shape, colour, size and motion, appearing one after another. Because the scene is known,
+with a shape, colour, size and motion, appearing one after another; in a clip longer than 8 frames
+objects keep moving at the same speed per frame and wrap around the frame. Because the scene is known,
 captions can be scored exactly (see `caption_facts` and `judges/oracle.py`).
 
 Captions come from a small grammar whose visual words follow the scene and whose filler words
@@ -30,7 +31,13 @@ SIZES = {"small": 0.17, "big": 0.27}  # side length as a fraction of the frame s
 MOTIONS = ("left", "right", "up", "down", "still")
 COUNT_WORDS = ("zero", "one", "two", "three", "four")
 ORDINALS = ("first", "second", "third")
-TRAVEL = 0.42  # distance an object travels over the whole clip, as a fraction of the frame side
+TRAVEL = 0.42  # distance an object travels over a clip of up to SPEED_FRAMES frames, as a fraction of the frame side
+# Motions last: a clip longer than SPEED_FRAMES frames keeps the speed per frame of a SPEED_FRAMES-frame
+# clip (at 4 fps an object moves 0.06 of the frame side per frame, about 7 px at 112 px, so the two
+# frames of one temporal patch show it moving at any length), and an object that leaves the frame on
+# one side comes back in on the other (its direction never changes, so "moves left" stays true).
+# Clips of up to SPEED_FRAMES frames never wrap: objects start where their travel keeps them inside.
+SPEED_FRAMES = 8
 # Later objects appear inside one of two windows of the clip (one in each when there are three). At
 # the trained 8 frames (t = i/7) an object appearing in the first window is first seen in frame 2 and
 # one in the second in frame 4, the first frames of two different temporal patches, so the order of
@@ -53,11 +60,13 @@ class SceneObject:
     appear: float  # fraction of the clip at which it appears (0 for the first object)
     start: tuple[float, float]  # centre (x, y) when it appears, as fractions of the frame
 
-    def position(self, t: float) -> tuple[float, float]:
-        """Centre at clip time t in [0, 1] (only meaningful for t >= appear)."""
+    def position(self, t: float, num_frames: int = SPEED_FRAMES) -> tuple[float, float]:
+        """Centre at clip time t in [0, 1] of a clip of `num_frames` frames (only meaningful for
+        t >= appear), wrapped so that an object leaving one side enters from the other."""
         dx, dy = _DIRECTION[self.motion]
-        travelled = TRAVEL * max(0.0, t - self.appear)
-        return self.start[0] + dx * travelled, self.start[1] + dy * travelled
+        travelled = TRAVEL * max(0.0, t - self.appear) * max(1.0, (num_frames - 1) / (SPEED_FRAMES - 1))
+        half, period = SIZES[self.size] / 2, 1 + SIZES[self.size]  # fully out on one side = just in on the other
+        return tuple((c + d * travelled + half) % period - half for c, d in zip(self.start, (dx, dy)))
 
 
 @dataclass(frozen=True)
@@ -158,7 +167,7 @@ def render(scene: Scene, num_frames: int = 8, height: int = 112, width: int = 11
         for obj in scene.objects:
             if t + 1e-9 < obj.appear:
                 continue
-            cx, cy = obj.position(t)
+            cx, cy = obj.position(t, num_frames)
             mask = shape_mask(obj.shape, xs - cx * width, ys - cy * height, SIZES[obj.size] * side / 2)
             frame[mask] = COLOURS[obj.colour]
     return frames
