@@ -39,6 +39,31 @@ def test_hf_generate_and_assisted_say_what_vanilla_says_and_only_assisted_runs_t
         assert draft_calls  # the assistant drafted
 
 
+def test_vanilla_says_what_generate_says_on_videos_longer_than_they_are_wide():
+    """A 128-frame video has 64 temporal patches and 4 merged rows: transformers 5 starts the text
+    after it 4 positions on, not 64, so decoding must continue from the prompt's last position (as
+    generate() does), not from get_rope_index's delta (largest position + 1: 48 positions further
+    on at 128 frames, 240 at 512, where the demo target wrote "There two two two ..." instead of its
+    caption; at 32 frames the prompt's text after the video happens to end at the video's last
+    temporal position, so both agree there)."""
+    torch.set_num_threads(1)
+    vanilla = Runner("demo", "vanilla")
+    greedy = bench.HFGenerate(vanilla.target)
+    model = vanilla.target.model
+    for frames in (32, 128):
+        s = bench.make_samples("synthvid_caption_long", 1, frames=frames)[0]
+        inputs = vanilla.target.prepare(s["prompt"], [(s["video"].frames, s["video"].fps)])
+        seen = []  # the positions generate() gives the first generated token
+        hook = model.model.language_model.rotary_emb.register_forward_hook(
+            lambda mod, args, out: seen.append(args[1][:, 0, -1].tolist()))
+        greedy_out = greedy.generate(s["prompt"], [s["video"]], 40)
+        hook.remove()
+        step = vanilla.target.position_ids(vanilla.target.init_extra(inputs), torch.tensor([inputs.input_ids.shape[1]]))
+        assert step[:, 0, 0].tolist() == seen[1] == [int(inputs.positions[0, 0, -1]) + 1] * 3
+        ours = vanilla.generate(s["prompt"], [s["video"]], 40)
+        assert greedy_out.tokens == ours.tokens and len(ours.tokens) > 10
+
+
 def _bench_args(tmp_path, *extra: str):
     from lvspec_eval.cli import build_parser
 

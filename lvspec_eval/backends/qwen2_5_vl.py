@@ -74,11 +74,17 @@ class QwenVLBackend(Backend):
         if not inputs.model_kwargs:
             pos = torch.arange(ids.shape[1], device=self.device).view(1, 1, -1).expand(3, 1, -1)
             return pos, 0
-        pos, delta = self.model.model.get_rope_index(
+        pos, _ = self.model.model.get_rope_index(
             ids, mm_token_type_ids=(ids == self.video_token_id).int() * 2,
             video_grid_thw=inputs.model_kwargs["video_grid_thw"],
             second_per_grid_ts=inputs.model_kwargs["second_per_grid_ts"])
-        return pos, int(delta.flatten()[0])
+        # Generated tokens continue from the prompt's last position, as in transformers' generate()
+        # (which extends the position ids by one a step). get_rope_index's own delta (largest
+        # position + 1 - length) agrees only where the text after a video starts past every video
+        # position (transformers 4.x); 5.x starts it past the video's spatial extent, so for a video
+        # with more temporal patches than merged rows that delta put decoding up to hundreds of
+        # positions further on than the prompt and than training (a 512-frame demo video: 240 on).
+        return pos, int(pos[..., -1].max()) + 1 - ids.shape[1]
 
     def visual_features(self, inputs: PreparedInputs) -> torch.Tensor:
         """[num_visual, hidden] merged visual tokens for the whole video."""
