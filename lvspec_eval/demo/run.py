@@ -36,7 +36,7 @@ DEFAULT_OUT = Path("runs/demo")
 REFERENCE_OUT = Path("results/demo")
 DEMO_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow", "fly", "lvspec")
 DEMO_TASKS = ("synthvid_caption", "synthvid_mcq")
-LENGTH_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow")
+LENGTH_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow", "fly", "lvspec")
 LENGTH_TASKS = ("synthvid_caption_f32", "synthvid_caption_f128", "synthvid_caption_long", "synthvid_caption_f512")
 
 
