@@ -1,8 +1,8 @@
 """`lvspec-eval build-demo`: train the demo world's tokenizer, target and drafts on this CPU.
 
 It runs once (on 2 cores: tokenizer seconds, target 77 minutes, the last 7 of them its question
-phase, its length fine-tune 45 (--length-steps), the draft about 18 (8 at 8 frames only,
---draft-long-share 0), the restyled draft 2; the Sparrow heads are
+phase, its length fine-tune 45 (--length-steps), the draft about 30 (estimated from the step times
+of a 250-step re-distillation; 8 at 8 frames only, --draft-long-share 0), the restyled draft 2; the Sparrow heads are
 `lvspec-eval train-sparrow`; docs/DEMO.md has the measured times);
 the checkpoints it writes are committed (stored in bfloat16, run in float32), so `make demo` needs
 no training. Every stage logs to <work>/train_*.log, checkpoints as it goes and resumes where it
@@ -72,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("build-demo", help="train the demo world's tokenizer, target and drafts (CPU, about 2.4 hours)")
+    p = sub.add_parser("build-demo", help="train the demo world's tokenizer, target and drafts (CPU, about 2.6 hours)")
     p.add_argument("--out", default=str(CHECKPOINTS), help="where the checkpoints go (default: the package's)")
     p.add_argument("--work", default=".cache/demo_build", help="logs, resumable training state")
     p.add_argument("--target-steps", type=int, default=4000, help="target optimiser steps of 16 samples, both phases")
