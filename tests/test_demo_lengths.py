@@ -85,3 +85,49 @@ def test_shipped_target_captions_long_videos(shipped_at_512_frames):
                    "three-object scenes, docs/DEMO.md); remove once a target that passes ships")
 def test_shipped_target_meets_the_long_video_bar(shipped_at_512_frames):
     assert shipped_at_512_frames["f1"] >= 0.9 and shipped_at_512_frames["fact_accuracy"] >= 0.9, shipped_at_512_frames
+
+
+def test_pruned_distillation_keeps_what_the_engine_keeps():
+    """The draft's pruned distillation steps (`pruned_keep`) show it the video tokens SpecVLM's
+    pruning keeps at inference: the same indices as the engine's prefill + select_visual_tokens on
+    the same video and prompt."""
+    from lvspec_eval.backends.loading import load_backend
+    from lvspec_eval.decoding.pruning import PruneConfig, select_visual_tokens
+
+    frames_n, seed = 32, data.HELDOUT_SEED + 77
+    backend = load_backend(str(CHECKPOINTS / "target"), device="cpu", dtype="float32")
+    model, tok = backend.model, backend.tokenizer
+    sample = data.make_sample(tok, model.config.video_token_id, seed, num_frames=frames_n,
+                              mix=data.TaskMix(caption=1.0))
+    batch = data.collate([sample], tok.pad_token_id)
+    embeds, pos, _ = train._embed_inputs(model, batch)
+    kept = train.pruned_keep(model, embeds, pos, batch["input_ids"][0], sample.num_prompt, model.config.video_token_id)
+    video = batch["input_ids"][0] == model.config.video_token_id
+    ours = (kept & video)[video].nonzero().flatten()
+    n = int(video.sum())
+    assert ours.numel() == max(1, int(n * 0.1)) and bool(kept[~video].all())
+
+    frames = data.world.render(sample.scene, frames_n, models.FRAME_SIZE, models.FRAME_SIZE)
+    inputs = backend.prepare(data.world.CAPTION_PROMPT, [(frames, models.FPS)])
+    assert inputs.input_ids[0].tolist() == batch["input_ids"][0, :sample.num_prompt].tolist()
+    state, _ = backend.prefill(inputs, visual_attention=True)
+    engine = select_visual_tokens(state.extra["visual_attention"], PruneConfig())
+    assert ours.tolist() == engine.tolist()
+
+
+def test_draft_distillation_with_pruned_long_steps(tmp_path):
+    """Two re-distillation steps at 512 frames, the draft seeing the pruned video: it trains (its
+    weights move), logs the pruned steps, and writes a draft that loads."""
+    out = tmp_path / "out"
+    (out / "tokenizer").mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(CHECKPOINTS / "draft" / name, out / "tokenizer" / name)
+    work = tmp_path / "work"
+    work.mkdir()
+    train.train_draft(work, out, CHECKPOINTS / "target", steps=2, batch_size=2, long_share=1.0, pruned_share=1.0,
+                      token_budget=512, init=CHECKPOINTS / "draft", eval_every=100)
+    log = [json.loads(line) for line in (work / "train_draft.log").read_text().splitlines()]
+    assert log[0]["pruned"] is True and log[0]["frames"] > models.FRAMES
+    before = Qwen2_5_VLForConditionalGeneration.from_pretrained(CHECKPOINTS / "draft", dtype=torch.float32).state_dict()
+    after = Qwen2_5_VLForConditionalGeneration.from_pretrained(out / "draft", dtype=torch.float32).state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before if "visual" not in k)

@@ -261,3 +261,23 @@ def test_ivsb_prefix_is_seen_only_by_text_after_the_video(family, tmp_path):
     for k in range(2):
         torch.testing.assert_close(seen[k][0, :first_after], dropped[k][0, :first_after])
         assert (seen[k][0, first_after:] - dropped[k][0, first_after:]).abs().amax(-1).min() > 1e-4
+
+
+def test_cached_target_answers_are_keyed_by_the_target_weights(tmp_path):
+    """The answers train-sparrow caches for a target are not reused once the target's weights
+    change in the same folder (a fine-tuned demo target): the cache file's name changes."""
+    import os
+
+    from lvspec_eval.decoding.drafters.sparrow_train import default_data_path
+
+    folder = tmp_path / "target"
+    folder.mkdir()
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"0" * 16)
+    args = argparse.Namespace(target=str(folder), videos=None, frames=8, size=112, seed_offset=0, max_new_tokens=96)
+    before = default_data_path(args)
+    assert default_data_path(args) == before
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1_000_000))
+    assert default_data_path(args) != before
+    assert default_data_path(argparse.Namespace(**{**vars(args), "target": "org/hub-model"})).name.startswith(
+        "data_hub-model_f8")

@@ -25,7 +25,9 @@ draft that drifts off the target's path after a few tokens),
 or no draft at all when plain decoding, rate 1 / step, is faster (the expected accepted tokens are
 capped by what the answer still needs, from the run's mean answer length: after the letter of a
 multiple-choice answer nothing is left to draft for) (then it probes again after
-1, 2, 4, ... steps, so a run can recover). The run's first step decodes without a draft (to measure
+1, 2, 4, ... steps, so a run can recover; also at the first such step of every request, since how
+well a draft follows depends on the request, and on the next step after a probe that committed its
+tokens faster than plain steps would have). The run's first step decodes without a draft (to measure
 `step`), its second drafts one token (to measure drafting and a small verification), and every
 after 2, 4, ... and then every REFRESH_EVERY drafting steps one plain step keeps `step` current;
 every EXPLORE_EVERY-th drafting step tries a neighbouring width, so the cost of a draft level and
@@ -170,6 +172,10 @@ class AdaptivePolicy:
             self.mean_lengths[self.budget] = n if mean is None else 0.8 * mean + 0.2 * n
         self.sample_tokens = 0
         self.budget = budget
+        # A new request probes at its first step where no draft is expected to pay: how well a draft
+        # follows depends on the request (a pruned draft at 4,096 visual tokens hardly ever, at 256
+        # mostly), and a back-off grown over hard requests would leave short easy ones undrafted.
+        self.skipped = self.probe_every
 
     @property
     def mean_length(self) -> float | None:
@@ -332,6 +338,9 @@ class AdaptivePolicy:
             node = nxt
         if plan.get("model_accepted"):
             self.realised.add(len(verdict.path), plan["model_accepted"])
+        if plan.get("reason") == "probe" and self.single and \
+                (len(verdict.path) + 1) * self.single >= step.draft_s + step.verify_s:
+            self.probe_every = 1  # a probe that paid (faster than plain steps): probe again next step
         # Every narrower width learns from this step too: under width w the path would have
         # stopped at the first accepted child of rank >= w.
         for w in self.widths:

@@ -2,7 +2,8 @@
 
 It runs once (on 2 cores: tokenizer seconds, target 77 minutes, the last 7 of them its question
 phase, its length fine-tune 45 (--length-steps), the draft about 30 (estimated from the step times
-of a 250-step re-distillation; 8 at 8 frames only, --draft-long-share 0), the restyled draft 2; the Sparrow heads are
+of the re-distillations; one step in four on long videos, half of those on pruned ones,
+--draft-pruned-share; 8 at 8 frames only, --draft-long-share 0), the restyled draft 2; the Sparrow heads are
 `lvspec-eval train-sparrow`; docs/DEMO.md has the measured times);
 the checkpoints it writes are committed (stored in bfloat16, run in float32), so `make demo` needs
 no training. Every stage logs to <work>/train_*.log, checkpoints as it goes and resumes where it
@@ -42,7 +43,7 @@ def store_bfloat16(folder: Path) -> None:
 
 def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_steps: int, threads: int,
           restyle_steps: int = 300, length_steps: int = 600, draft_init: Path | None = None,
-          draft_lr: float = 2e-3, draft_long_share: float = 0.25) -> None:
+          draft_lr: float = 2e-3, draft_long_share: float = 0.25, draft_pruned_share: float = 0.5) -> None:
     torch.set_num_threads(threads)
     work.mkdir(parents=True, exist_ok=True)
     target_dir = out / "target"
@@ -54,7 +55,7 @@ def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_s
     store_bfloat16(target_dir)  # the drafts (and Sparrow heads) learn from the target as shipped
     if not (out / "draft" / "config.json").exists():
         train.train_draft(work, out, target_dir, steps=draft_steps, lr=draft_lr, init=draft_init,
-                          long_share=draft_long_share)
+                          long_share=draft_long_share, pruned_share=draft_pruned_share)
     write_preprocessor_config(out / "draft")
     if not (out / "draft_restyled" / "config.json").exists():
         train.restyle_draft(work, out, out / "draft", steps=restyle_steps)
@@ -66,7 +67,7 @@ def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_s
 def _run(args: argparse.Namespace) -> int:
     build(Path(args.work), Path(args.out), args.target_steps, args.question_steps, args.draft_steps, args.threads,
           args.restyle_steps, args.length_steps, Path(args.draft_init) if args.draft_init else None, args.draft_lr,
-          args.draft_long_share)
+          args.draft_long_share, args.draft_pruned_share)
     print(f"demo checkpoints in {args.out}")
     return 0
 
@@ -87,8 +88,11 @@ def register(sub) -> None:
                    help="start the draft's distillation from this draft folder instead of from scratch")
     p.add_argument("--draft-lr", type=float, default=2e-3, help="the draft distillation's peak learning rate")
     p.add_argument("--draft-long-share", type=float, default=0.25,
-                   help="share of the draft's steps on 16-512 frame videos, 4,096 visual tokens a step (0: 8 frames "
-                        "only, for an 8-frame target)")
+                   help="share of the draft's steps on 16-512 frame videos, 2,048 visual tokens a step (one video at "
+                        "512 frames; 0: 8 frames only, for an 8-frame target)")
+    p.add_argument("--draft-pruned-share", type=float, default=0.5,
+                   help="of the draft's long steps, the share where it sees only the video tokens SpecVLM's pruning "
+                        "keeps (10%%), against the target's full-video distributions")
     p.add_argument("--restyle-steps", type=int, default=300,
                    help="steps fine-tuning a copy of the draft on captions of another phrasing style (demo-draft-restyled)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")

@@ -558,6 +558,44 @@ def finetune_lengths(work: Path, target_dir: Path, steps: int, batch_size: int =
     return target_dir
 
 
+@torch.no_grad()
+def pruned_keep(target, embeds: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor, num_prompt: int,
+                video_token_id: int) -> torch.Tensor:
+    """[len(ids)] bool: the positions of one training sample a SpecVLM-pruned draft keeps, every
+    text token and the video tokens `select_visual_tokens` picks from the attention the prompt's
+    text after the video pays them (collected as the engine's prefill does: the prompt in two parts,
+    the second under an explicit mask, `collect_visual_attention`). embeds [1, L, hidden] and pos
+    [3, 1, L]: the target's, as `_embed_inputs` gives them for this sample."""
+    from transformers import DynamicCache
+
+    from ..backends.attention import collect_visual_attention
+    from ..backends.base import additive_mask
+    from ..decoding.pruning import PruneConfig, select_visual_tokens
+
+    video = (ids == video_token_id).nonzero().flatten()
+    start, end = int(video[0]), int(video[-1]) + 1
+    text_model, config = target.model.language_model, target.config.get_text_config()
+    cache = DynamicCache(config=config)
+    text_model(inputs_embeds=embeds[:, :end], position_ids=pos[..., :end], cache=cache, use_cache=True)
+    m = num_prompt - end
+    mask = additive_mask(end, torch.ones(m, m, dtype=torch.bool).tril(), embeds.dtype, embeds.device)
+    with collect_visual_attention(config, start, end) as col:
+        text_model(inputs_embeds=embeds[:, end:num_prompt], position_ids=pos[..., end:num_prompt],
+                   attention_mask=mask, cache=cache, use_cache=True)
+    keep = ids != video_token_id
+    keep[video[select_visual_tokens(col.scores(), PruneConfig())]] = True
+    return keep
+
+
+def _distil_loss(t_logits: torch.Tensor, d_logits: torch.Tensor, keep_t: torch.Tensor, keep_d: torch.Tensor,
+                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(target, draft) log-probabilities at the positions that predict answer tokens (position i
+    predicts token i+1); keep_*: the answer tokens' positions in each sequence."""
+    t_lp = F.log_softmax(t_logits[:, :-1][keep_t[:, 1:]] / temperature, -1)
+    d_lp = F.log_softmax(d_logits[:, :-1][keep_d[:, 1:]] / temperature, -1)
+    return t_lp, d_lp
+
+
 def _draft_optimiser(draft, lr: float) -> tuple[list, torch.optim.Optimizer]:
     """The draft's vision blocks stay frozen (a copy of the target's); its merger and language
     model train."""
@@ -569,10 +607,15 @@ def _draft_optimiser(draft, lr: float) -> tuple[list, torch.optim.Optimizer]:
 
 def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size: int = 16,
                 lr: float = 2e-3, temperature: float = 1.0, eval_every: int = 500, long_share: float = 0.0,
-                token_budget: int = 2048, init: Path | None = None, seed: int = 0) -> Path:
+                token_budget: int = 2048, init: Path | None = None, pruned_share: float = 0.0,
+                seed: int = 0) -> Path:
     """Distil a small draft on the target's next-token distributions (soft labels). A share
     `long_share` of the steps are videos of 16-512 frames (`_length_step`, `token_budget` visual
     tokens a step), so that the draft follows the target at every length of the demo's curve.
+    A share `pruned_share` of the long steps show the draft only the video tokens SpecVLM's pruning
+    keeps (`pruned_keep`, 10%, at their original positions) against the target's full-video
+    distributions, so that a pruned draft still follows the target on long videos (a real small
+    Video-LLM has seen videos at many token budgets; the demo draft had only seen whole ones).
     `init`: start from that draft (a re-distillation for a changed target) instead of from scratch."""
     from transformers import AutoTokenizer
 
@@ -602,21 +645,32 @@ def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size:
                    for s in seeds]
         batch = data.collate(samples, tok.pad_token_id)
         keep = batch["labels"] != -100
+        # the pruned draw only in long steps: the 8-frame steps' random stream stays the recipe's
+        pruned = pruned_share > 0 and frames != models.FRAMES and rng.random() < pruned_share
         with torch.no_grad():
-            t_emb, pos, _ = _embed_inputs(target, batch)
-            t_logits = target(inputs_embeds=t_emb, position_ids=pos, attention_mask=batch["attention_mask"]).logits
+            t_emb, t_pos, _ = _embed_inputs(target, batch)
+            t_logits = target(inputs_embeds=t_emb, position_ids=t_pos, attention_mask=batch["attention_mask"]).logits
         d_emb, pos, _ = _embed_inputs(draft, batch)
-        d_logits = draft(inputs_embeds=d_emb, position_ids=pos, attention_mask=batch["attention_mask"]).logits
-        # Position i predicts token i+1: align the logits that predict answer tokens.
-        sel = keep[:, 1:]
-        t_lp = F.log_softmax(t_logits[:, :-1][sel] / temperature, -1)
-        d_lp = F.log_softmax(d_logits[:, :-1][sel] / temperature, -1)
+        if pruned:  # one sample at a time (their pruned lengths differ); the samples are few here
+            pairs = []
+            for b, smp in enumerate(samples):
+                ids = batch["input_ids"][b, :len(smp.input_ids)]
+                kept = pruned_keep(target, t_emb[b:b + 1, :len(ids)], t_pos[:, b:b + 1, :len(ids)], ids,
+                                   smp.num_prompt, target.config.video_token_id)
+                d_logits = draft(inputs_embeds=d_emb[b:b + 1, :len(ids)][:, kept],
+                                 position_ids=pos[:, b:b + 1, :len(ids)][..., kept]).logits
+                pairs.append(_distil_loss(t_logits[b:b + 1], d_logits, keep[b:b + 1], keep[b:b + 1, :len(ids)][:, kept],
+                                          temperature))
+            t_lp, d_lp = torch.cat([t for t, _ in pairs]), torch.cat([d for _, d in pairs])
+        else:
+            d_logits = draft(inputs_embeds=d_emb, position_ids=pos, attention_mask=batch["attention_mask"]).logits
+            t_lp, d_lp = _distil_loss(t_logits, d_logits, keep, keep, temperature)
         loss = F.kl_div(d_lp, t_lp, log_target=True, reduction="batchmean")
         _optimise(opt, loss, params)
         if step % 25 == 0:
             agree = (d_lp.argmax(-1) == t_lp.argmax(-1)).float().mean().item()
             bar.set_postfix(kl=f"{loss.item():.3f}", agree=f"{agree:.3f}", frames=frames)
-            _log(log, {"step": step, "frames": frames, "samples": n, "kl": loss.item(), "top1_agreement": agree,
+            _log(log, {"step": step, "frames": frames, "samples": n, "pruned": pruned, "kl": loss.item(), "top1_agreement": agree,
                        "elapsed_s": round(time.time() - t0, 1), "threads": torch.get_num_threads(),
                        "time": time.time()})
         if (step + 1) % 100 == 0 or step + 1 == steps:

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import inspect
 import json
 import logging
@@ -624,9 +625,24 @@ def resolve_args(args) -> None:
     check_args(args)
 
 
+def weights_fingerprint(target: str) -> str:
+    """8 hex digits naming the weight files of a local target folder as they are now (names, sizes,
+    modification times), so that answers cached for a target are not reused once its weights
+    change (a fine-tuned demo target in the same folder); '' for a hub id (its name is the key)."""
+    from ...backends.loading import resolve_path
+
+    folder = Path(resolve_path(target))
+    if not folder.is_dir():
+        return ""
+    files = sorted(f for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
+    stamp = "|".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+    return hashlib.sha1(stamp.encode()).hexdigest()[:8]
+
+
 def default_data_path(args) -> Path:
-    """The target's answers: one file per target and sampling setting."""
+    """The target's answers: one file per target (and state of its weights) and sampling setting."""
     tag = "demo" if args.target == "demo" else Path(args.target).name
+    tag = "_".join(filter(None, (tag, weights_fingerprint(args.target))))
     if args.videos:
         pixels = f"_px{args.min_pixels}-{args.max_pixels}" if args.min_pixels or args.max_pixels else ""
         return Path(args.work) / (f"answers_{tag}_{args.video_rule}_f{args.frames}_fps{args.fps}{pixels}"
