@@ -111,7 +111,9 @@ def test_each_request_probes_again_after_requests_where_no_draft_paid():
     policy.start_sample(64)
     easy = simulate(policy, cost, draft_level_cost=0.1, steps=20, coverage=SHARP, seed=10)
     assert easy[0][0] >= 1, easy  # the first step where no draft seems to pay probes
-    assert sum(1 for d, _ in easy if d) >= 17, easy  # and the accepted probe brings drafting back
+    policy.start_sample(64)
+    easy = simulate(policy, cost, draft_level_cost=0.1, steps=20, coverage=SHARP, seed=11)
+    assert sum(1 for d, _ in easy if d) >= 17, easy  # what the probes learned brings drafting back
 
 
 def test_first_a_plain_step_then_a_one_token_probe():

@@ -26,8 +26,7 @@ or no draft at all when plain decoding, rate 1 / step, is faster (the expected a
 capped by what the answer still needs, from the run's mean answer length: after the letter of a
 multiple-choice answer nothing is left to draft for) (then it probes again after
 1, 2, 4, ... steps, so a run can recover; also at the first such step of every request, since how
-well a draft follows depends on the request, and on the next step after a probe that committed its
-tokens faster than plain steps would have). The run's first step decodes without a draft (to measure
+well a draft follows depends on the request). The run's first step decodes without a draft (to measure
 `step`), its second drafts one token (to measure drafting and a small verification), and every
 after 2, 4, ... and then every REFRESH_EVERY drafting steps one plain step keeps `step` current;
 every EXPLORE_EVERY-th drafting step tries a neighbouring width, so the cost of a draft level and
@@ -338,9 +337,6 @@ class AdaptivePolicy:
             node = nxt
         if plan.get("model_accepted"):
             self.realised.add(len(verdict.path), plan["model_accepted"])
-        if plan.get("reason") == "probe" and self.single and \
-                (len(verdict.path) + 1) * self.single >= step.draft_s + step.verify_s:
-            self.probe_every = 1  # a probe that paid (faster than plain steps): probe again next step
         # Every narrower width learns from this step too: under width w the path would have
         # stopped at the first accepted child of rank >= w.
         for w in self.widths:

@@ -35,7 +35,9 @@ included, and order of appearance, which in a long video is only seen across tem
 Draft: a smaller Qwen2.5-VL whose vision blocks start as a frozen copy of the target's, trained
 by distillation on the target's next-token distributions over the same kind of data (as EAGLE-
 style drafts are), so that it agrees with the target where the target is sure; one step in four
-is a video of 16 to 512 frames, so that it does at every length of the demo's curve.
+is a video of 16 to 512 frames, so that it does at every length of the demo's curve, and half of
+those show it only the video tokens SpecVLM's pruning keeps (`pruned_keep`), so that it also does
+where SpecVLM, FLy and LVSpec draft from 10% of the video.
 
 Restyled draft: that draft fine-tuned on references in another phrasing style (the same phrasings,
 another favourite per slot; data.RESTYLE_MIX), as a smaller model of the family trained on its own
