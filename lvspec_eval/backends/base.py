@@ -77,6 +77,31 @@ def additive_mask(num_committed: int, visible: torch.Tensor, dtype, device) -> t
     return mask
 
 
+def run_prompt(text_model, embeds: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
+               visual_span: tuple[int, int], split: int | None = None) -> Iterator[tuple[object, torch.Tensor | None]]:
+    """Run a prompt's embeddings [1, L, hidden] into `cache`, in one part, or with `split` in two:
+    up to `split` (the end of the video), then the text after it under an explicit causal mask
+    while `collect_visual_attention` records the attention that text pays each token of
+    `visual_span` (SpecVLM's pruning scores). Yields (the part's output, its scores or None) per
+    part, so that a caller can read what hooks captured in between. The engine's prefill and the
+    demo draft's pruned distillation (demo/train.py `pruned_keep`) select video tokens from the same
+    scores this way."""
+    seq_len = embeds.shape[1]
+    bounds = [0, seq_len] if split is None else [0, split, seq_len]
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        collected = lo == split
+        collect = (attention.collect_visual_attention(text_model.config, *visual_span) if collected
+                   else contextlib.nullcontext())
+        # An explicit mask for the collected part: the collector reads it, and every kernel then
+        # takes the tree-mask path there (attention.py).
+        mask = (additive_mask(lo, torch.ones(hi - lo, hi - lo, dtype=torch.bool).tril(), embeds.dtype, embeds.device)
+                if collected else None)
+        with collect as col:
+            out = text_model(inputs_embeds=embeds[:, lo:hi], position_ids=positions[..., lo:hi],
+                             attention_mask=mask, cache=cache, use_cache=True)
+        yield out, (col.scores() if col is not None else None)
+
+
 def crop_cache(cache: DynamicCache, length: int) -> None:
     """Keep the first `length` entries of every layer (DynamicCache.crop wants a negative count)."""
     for layer in cache.layers:
@@ -174,25 +199,15 @@ class Backend:
             keep_mask[vmask.nonzero().flatten()[keep_visual.to(embeds.device)]] = True
             embeds, positions = embeds[:, keep_mask], positions[..., keep_mask]
         cache = DynamicCache(config=self.model.config.get_text_config())
-        start, end = inputs.visual_span
+        end = inputs.visual_span[1]
         split = end if visual_attention and 0 < end < seq_len and keep_visual is None else None
-        bounds = [0, embeds.shape[1]] if split is None else [0, split, embeds.shape[1]]
         state = DecodeState(cache=cache, cache_len=embeds.shape[1], next_pos=seq_len, pending=[],
                             extra=self.init_extra(inputs))
         with self.capture_hidden(hidden_layers) as hidden:
             parts = []
-            for lo, hi in zip(bounds[:-1], bounds[1:]):
-                collect = (attention.collect_visual_attention(self.text_model().config, start, end)
-                           if lo == split else contextlib.nullcontext())
-                # An explicit mask for the collected part: the collector reads it, and every kernel then
-                # takes the tree-mask path there (attention.py).
-                mask = (additive_mask(lo, torch.ones(hi - lo, hi - lo, dtype=torch.bool).tril(),
-                                      self.model.dtype, self.device) if lo == split else None)
-                with collect as col:
-                    out = self.text_model()(inputs_embeds=embeds[:, lo:hi], position_ids=positions[..., lo:hi],
-                                            attention_mask=mask, cache=cache, use_cache=True)
-                if col is not None:
-                    state.extra["visual_attention"] = col.scores()
+            for out, scores in run_prompt(self.text_model(), embeds, positions, cache, inputs.visual_span, split):
+                if scores is not None:
+                    state.extra["visual_attention"] = scores
                 parts.append({k: v.clone() for k, v in hidden.items()})
         for layer in hidden_layers:
             state.prompt_hidden[layer] = torch.cat([p[layer] for p in parts])

@@ -565,27 +565,22 @@ def pruned_keep(target, embeds: torch.Tensor, pos: torch.Tensor, ids: torch.Tens
                 video_token_id: int) -> torch.Tensor:
     """[len(ids)] bool: the positions of one training sample a SpecVLM-pruned draft keeps, every
     text token and the video tokens `select_visual_tokens` picks from the attention the prompt's
-    text after the video pays them (collected as the engine's prefill does: the prompt in two parts,
-    the second under an explicit mask, `collect_visual_attention`). embeds [1, L, hidden] and pos
+    text after the video pays them (collected by the engine's prefill's own `backends.base.run_prompt`:
+    the prompt in two parts, the second under an explicit mask). embeds [1, L, hidden] and pos
     [3, 1, L]: the target's, as `_embed_inputs` gives them for this sample."""
     from transformers import DynamicCache
 
-    from ..backends.attention import collect_visual_attention
-    from ..backends.base import additive_mask
+    from ..backends.base import run_prompt
     from ..decoding.pruning import PruneConfig, select_visual_tokens
 
     video = (ids == video_token_id).nonzero().flatten()
-    start, end = int(video[0]), int(video[-1]) + 1
-    text_model, config = target.model.language_model, target.config.get_text_config()
-    cache = DynamicCache(config=config)
-    text_model(inputs_embeds=embeds[:, :end], position_ids=pos[..., :end], cache=cache, use_cache=True)
-    m = num_prompt - end
-    mask = additive_mask(end, torch.ones(m, m, dtype=torch.bool).tril(), embeds.dtype, embeds.device)
-    with collect_visual_attention(config, start, end) as col:
-        text_model(inputs_embeds=embeds[:, end:num_prompt], position_ids=pos[..., end:num_prompt],
-                   attention_mask=mask, cache=cache, use_cache=True)
+    span = (int(video[0]), int(video[-1]) + 1)
+    cache = DynamicCache(config=target.config.get_text_config())
+    parts = run_prompt(target.model.language_model, embeds[:, :num_prompt], pos[..., :num_prompt], cache, span,
+                       split=span[1])
+    scores = [s for _, s in parts if s is not None][0]
     keep = ids != video_token_id
-    keep[video[select_visual_tokens(col.scores(), PruneConfig())]] = True
+    keep[video[select_visual_tokens(scores, PruneConfig())]] = True
     return keep
 
 
