@@ -1,7 +1,8 @@
 """`lvspec-eval build-demo`: train the demo world's tokenizer, target and drafts on this CPU.
 
 It runs once (on 2 cores: tokenizer seconds, target 77 minutes, the last 7 of them its question
-phase, its length fine-tune 45 (--length-steps), the draft about 30 (estimated from the step times
+phase, its length fine-tune 45 (--length-steps), the second length stage (the pointer heads) 22
+plus its two in-run evaluations (--pointer-steps), the draft about 30 (estimated from the step times
 of the re-distillations; one step in four on long videos, half of those on pruned ones,
 --draft-pruned-share; 8 at 8 frames only, --draft-long-share 0), the restyled draft 2; the Sparrow heads are
 `lvspec-eval train-sparrow`; docs/DEMO.md has the measured times);
@@ -43,7 +44,8 @@ def store_bfloat16(folder: Path) -> None:
 
 def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_steps: int, threads: int,
           restyle_steps: int = 300, length_steps: int = 600, draft_init: Path | None = None,
-          draft_lr: float = 2e-3, draft_long_share: float = 0.25, draft_pruned_share: float = 0.5) -> None:
+          draft_lr: float = 2e-3, draft_long_share: float = 0.25, draft_pruned_share: float = 0.5,
+          pointer_steps: int = 300) -> None:
     torch.set_num_threads(threads)
     work.mkdir(parents=True, exist_ok=True)
     target_dir = out / "target"
@@ -52,6 +54,9 @@ def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_s
     write_preprocessor_config(target_dir)
     if length_steps and not (target_dir / train.LENGTHS_MARKER).exists():
         train.finetune_lengths(work, target_dir, steps=length_steps)
+        store_bfloat16(target_dir)  # the second stage starts from the first as it was stored
+    if length_steps and pointer_steps and not (target_dir / train.length_marker(train.POINTER_STAGE)).exists():
+        train.finetune_lengths(work, target_dir, steps=pointer_steps, **train.POINTER_RECIPE)
     store_bfloat16(target_dir)  # the drafts (and Sparrow heads) learn from the target as shipped
     if not (out / "draft" / "config.json").exists():
         train.train_draft(work, out, target_dir, steps=draft_steps, lr=draft_lr, init=draft_init,
@@ -67,13 +72,13 @@ def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_s
 def _run(args: argparse.Namespace) -> int:
     build(Path(args.work), Path(args.out), args.target_steps, args.question_steps, args.draft_steps, args.threads,
           args.restyle_steps, args.length_steps, Path(args.draft_init) if args.draft_init else None, args.draft_lr,
-          args.draft_long_share, args.draft_pruned_share)
+          args.draft_long_share, args.draft_pruned_share, args.pointer_steps)
     print(f"demo checkpoints in {args.out}")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("build-demo", help="train the demo world's tokenizer, target and drafts (CPU, about 2.6 hours)")
+    p = sub.add_parser("build-demo", help="train the demo world's tokenizer, target and drafts (CPU, about 3 hours)")
     p.add_argument("--out", default=str(CHECKPOINTS), help="where the checkpoints go (default: the package's)")
     p.add_argument("--work", default=".cache/demo_build", help="logs, resumable training state")
     p.add_argument("--target-steps", type=int, default=4000, help="target optimiser steps of 16 samples, both phases")
@@ -82,6 +87,9 @@ def register(sub) -> None:
     p.add_argument("--length-steps", type=int, default=600,
                    help="steps fine-tuning the target on videos of 16-512 frames (4,096 visual tokens in each), "
                         "after its 8-frame run; 0: none (the 8-frame target)")
+    p.add_argument("--pointer-steps", type=int, default=300,
+                   help="steps of the second length stage (a running count of the objects and the pointer heads "
+                        "supervised onto the object each caption sentence names); 0: none")
     p.add_argument("--draft-steps", type=int, default=700, help="draft distillation steps of 16 samples at 8 frames "
                    "(or fewer videos of 16-512 frames, see --draft-long-share)")
     p.add_argument("--draft-init", default=None,

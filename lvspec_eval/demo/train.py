@@ -31,6 +31,10 @@ visual tokens; a short run on videos of 16 to 512 frames (4,096 visual tokens a 
 length raised over the run, one step in four at 8 frames on the question mix) with the
 language-model loss and probes at the visual positions (each object token's attributes, motion
 included, and order of appearance, which in a long video is only seen across temporal patches).
+A second, shorter stage (`POINTER_RECIPE`) supervises the attention of the three heads that point
+from each caption sentence at the object it names (`SlotAttention`), with a running count of the
+objects (`AppearanceProbe`): at long videos those heads had stopped telling the named object from
+the others.
 
 Draft: a smaller Qwen2.5-VL whose vision blocks start as a frozen copy of the target's, trained
 by distillation on the target's next-token distributions over the same kind of data (as EAGLE-
@@ -47,10 +51,12 @@ Both runs log to `<work>/train_*.log`, checkpoint every few hundred steps and re
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -488,75 +494,258 @@ class VisualProbes(torch.nn.Module):
         return self.attributes.loss(feats, labels) + self.order.loss(hidden_states, video_mask, owners)
 
 
-def length_losses(model, probes: VisualProbes, samples: list[data.Sample], frames: int) -> dict[str, torch.Tensor]:
+def appeared_counts(scene: world.Scene, num_frames: int) -> torch.Tensor:
+    """[temporal patches] how many of the scene's objects have appeared by the end of each temporal
+    patch (by its last frame, as `world.render` draws them)."""
+    grid_t = math.ceil(num_frames / 2)
+    last = [min(2 * t + 1, num_frames - 1) / max(1, num_frames - 1) for t in range(grid_t)]
+    return torch.tensor([sum(time + 1e-9 >= obj.appear for obj in scene.objects) for time in last])
+
+
+def first_sightings(owners: torch.Tensor) -> torch.Tensor:
+    """[num_tokens] 1 where a token holds an object in the temporal patch it is first seen in
+    (owners: `coverage_owners`), else 0."""
+    per_patch = owners.view(-1, (models.FRAME_SIZE // TOKEN_PX) ** 2)
+    out = torch.zeros_like(per_patch)
+    for k in per_patch.unique().tolist():
+        if k > 0:
+            first = int((per_patch == k).any(1).nonzero()[0])
+            out[first][per_patch[first] == k] = 1
+    return out.view(-1)
+
+
+class AppearanceProbe(torch.nn.Module):
+    """Linear probes on the language model's hidden states at the visual positions (training only):
+    at the last visual token of each temporal patch (the first that sees the whole patch), how many
+    objects have appeared so far (`appeared_counts`); at every token, whether it holds an object in
+    the patch that object is first seen in (`first_sightings`). At long videos the target merged a
+    later object with an earlier one of the same colour (and so said "two objects" for three), or
+    named the later two in the wrong order: attention that pools "blue" over hundreds of temporal
+    patches cannot tell one blue object from two, nor when each came. These ask for a running count
+    at every patch and for each object's arrival where it happens."""
+
+    def __init__(self, hidden: int, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.count = torch.nn.Linear(hidden, len(world.ORDINALS) + 1)
+        self.new = torch.nn.Linear(hidden, 2)
+
+    def loss(self, hidden_states: tuple[torch.Tensor, ...], video_mask: torch.Tensor, counts: torch.Tensor,
+             owners: list[torch.Tensor]) -> torch.Tensor:
+        """counts: [temporal patches of the batch] (`appeared_counts`); owners: each sample's `coverage_owners`."""
+        per_patch = (models.FRAME_SIZE // TOKEN_PX) ** 2
+        feats = hidden_states[self.layer][video_mask].float()
+        count = F.cross_entropy(self.count(feats.view(-1, per_patch, feats.shape[-1])[:, -1]), counts)
+        new, held = torch.cat([first_sightings(o) for o in owners]), torch.cat(owners) > 0
+        # few tokens are first sightings; the other object tokens are the hard negatives
+        weight = torch.where(new > 0, 1.0, torch.where(held, 0.5, 0.05))
+        first = (F.cross_entropy(self.new(feats), new, reduction="none") * weight).sum() / weight.sum()
+        return count + first
+
+
+SLOT_ATTENTION = "lvspec_slot_attention"  # the attention function name while SlotAttention is on
+
+
+class SlotAttention:
+    """Attention supervision at the caption's object slots (training only): from the position that
+    predicts the k-th object's size word to the end of its sentence, the query heads `heads`
+    ((layer, head) pairs) must attend to the visual tokens that hold that object (`coverage_owners`).
+    The 8-frame target grew such pointer heads by itself (layer 4 head 0 and layer 5 head 3 put
+    0.66-0.70 of their attention on the named object's tokens, 0.04-0.05 on the others') and the
+    length fine-tune kept them pointing at objects but not at the named one (0.33-0.36 against
+    0.27-0.40 at 128-512 frames): at long videos the target named the later two objects in the
+    wrong order. The language-model loss reaches that choice only through a softmax over thousands
+    of keys; this asks the pointers directly. The loss is -log(the head's attention mass on the
+    object's tokens)."""
+
+    def __init__(self, colour_ids: set[int], stop_id: int, heads: tuple[tuple[int, int], ...] = ((3, 1), (4, 0), (5, 3))):
+        self.colour_ids, self.stop_id = colour_ids, stop_id  # the colour words' ids, the sentence end's (".")
+        self.heads = heads
+        self.layers = {layer for layer, _ in heads}
+        self.rows: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (sample, query rows, key targets [rows, len])
+        self.losses: list[torch.Tensor] = []
+
+    def targets(self, sample: data.Sample, owners: torch.Tensor, video_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(query rows, [rows, len(input_ids)] bool key targets) of a caption sample; empty for a question."""
+        ids = torch.tensor(sample.input_ids)
+        video = (ids == video_token_id).nonzero().squeeze(1)
+        rows, targets, k = [], [], 0
+        if sample.question is None:
+            for i in range(sample.num_prompt, len(ids)):
+                if int(ids[i]) in self.colour_ids and k < len(sample.scene.objects):
+                    end = next((j for j in range(i, len(ids)) if int(ids[j]) == self.stop_id), len(ids) - 1)
+                    keys = torch.zeros(len(ids), dtype=torch.bool)
+                    keys[video[owners == k + 1]] = True
+                    if keys.any():  # an object hidden behind another all along has no token to point at
+                        rows.extend(range(i - 2, end))
+                        targets.extend([keys] * (end - i + 2))
+                    k += 1
+        if not rows:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, len(ids), dtype=torch.bool)
+        return torch.tensor(rows), torch.stack(targets)
+
+    def add(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
+        """query [b, heads, q, d]; key [b, kv_heads, k, d] of one supervised layer."""
+        group = query.shape[1] // key.shape[1]
+        for head in (h for lay, h in self.heads if lay == layer):
+            for b, rows, targets in self.rows:
+                q = query[b, head, rows].float()
+                k = key[b, head // group, : targets.shape[1]].float()
+                logits = (q @ k.T) * scaling
+                later = torch.arange(targets.shape[1])[None] > rows[:, None]
+                logp = logits.masked_fill(later, float("-inf")).log_softmax(-1)
+                self.losses.append(-logp.masked_fill(~targets, float("-inf")).logsumexp(-1))
+
+    @contextlib.contextmanager
+    def supervising(self, model, samples: list[data.Sample], owners: list[torch.Tensor]) -> Iterator[None]:
+        """While active, `model`'s language-model attention runs through `_slot_attention`, which
+        adds the supervised heads' losses on `samples` (their `coverage_owners`) for `loss`."""
+        self.rows = [(b, *self.targets(s, o, model.config.video_token_id)) for b, (s, o) in enumerate(zip(samples, owners))]
+        self.rows = [r for r in self.rows if len(r[1])]
+        _register_slot_attention()
+        text_config = model.config.get_text_config()
+        _SLOT_SUPERVISION[id(text_config)] = self
+        original, text_config._attn_implementation = text_config._attn_implementation, SLOT_ATTENTION
+        try:
+            yield
+        finally:
+            text_config._attn_implementation = original
+            del _SLOT_SUPERVISION[id(text_config)]
+
+    def loss(self) -> torch.Tensor:
+        """The mean over the supervised (head, row) pairs of the last forward; then starts afresh."""
+        out = torch.cat(self.losses).mean() if self.losses else torch.zeros(())
+        self.losses, self.rows = [], []
+        return out
+
+
+_SLOT_SUPERVISION: dict[int, SlotAttention] = {}  # id(text config) -> the supervision active on that model
+
+
+def _slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """torch sdpa (the training runs' kernel), and the active `SlotAttention` fed the supervised layers' queries and keys."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    out = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, scaling=scaling,
+                                          dropout=dropout, **kwargs)
+    sup = _SLOT_SUPERVISION.get(id(module.config))
+    if sup is not None and module.layer_idx in sup.layers:
+        sup.add(module.layer_idx, query, key, scaling if scaling is not None else query.shape[-1] ** -0.5)
+    return out
+
+
+def _register_slot_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register(SLOT_ATTENTION, _slot_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(SLOT_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+def length_losses(model, probes: VisualProbes, samples: list[data.Sample], frames: int,
+                  appearance_probe: AppearanceProbe | None = None,
+                  slot_attention: SlotAttention | None = None) -> dict[str, torch.Tensor]:
     """The length fine-tune's losses on one batch, in float32: the language-model loss
-    (`per_sample_loss`) and the visual-position probes' (`VisualProbes`)."""
+    (`per_sample_loss`), the visual-position probes' (`VisualProbes`), with `appearance_probe` the
+    running count's and first sightings' (`AppearanceProbe`), with `slot_attention` the pointer
+    heads' (`SlotAttention`)."""
     batch = data.collate(samples, model.config.pad_token_id)
     owners = [coverage_owners(s.scene, frames, models.FRAME_SIZE) for s in samples]
     labels = torch.cat([coverage_labels(o, s.scene) for o, s in zip(owners, samples)])
     embeds, pos, _ = _embed_inputs(model, batch)
-    out = model(inputs_embeds=embeds, position_ids=pos, attention_mask=batch["attention_mask"],
-                output_hidden_states=True)
+    with slot_attention.supervising(model, samples, owners) if slot_attention else contextlib.nullcontext():
+        out = model(inputs_embeds=embeds, position_ids=pos, attention_mask=batch["attention_mask"],
+                    output_hidden_states=True)
     video_mask = batch["input_ids"] == model.config.video_token_id
-    return {"lm": per_sample_loss(out.logits, batch["labels"]),
-            "visual_probe": probes.loss(out.hidden_states, video_mask, torch.cat(owners), labels)}
+    losses = {"lm": per_sample_loss(out.logits, batch["labels"]),
+              "visual_probe": probes.loss(out.hidden_states, video_mask, torch.cat(owners), labels)}
+    if appearance_probe is not None:
+        counts = torch.cat([appeared_counts(s.scene, frames) for s in samples])
+        losses["appearance_probe"] = appearance_probe.loss(out.hidden_states, video_mask, counts, owners)
+    if slot_attention is not None:
+        losses["slot_attention"] = slot_attention.loss()
+    return losses
 
 
 LENGTH_EVAL = {models.FRAMES: 12, 128: 6, 512: 6}  # frames -> held-out scenes, during the fine-tune
 LENGTHS_MARKER = "length_finetune.json"
+# The second length stage of `build-demo` (`--pointer-steps`): the running count and first sightings
+# (`AppearanceProbe`) and the pointer heads (`SlotAttention`), from the first stage's target, on other scenes.
+POINTER_STAGE = "lengths_pointer"
+POINTER_RECIPE = dict(lr=2e-4, appearance_probe_weight=1.0, slot_attention_weight=0.5, name=POINTER_STAGE,
+                      scene0=9_500_000)
+
+
+def length_marker(name: str) -> str:
+    """The file a length stage called `name` writes into the target's folder when it is done."""
+    return LENGTHS_MARKER if name == "lengths" else f"{name}_finetune.json"
 
 
 def finetune_lengths(work: Path, target_dir: Path, steps: int, batch_size: int = 16, token_budget: int = 4096,
                      trained_share: float = 0.25, lr: float = 2e-4, eval_every: int = 150, ckpt_every: int = 25,
                      length_eval: dict[int, int] | None = None, probe_weight: float = 0.5, probe_layer: int = 4,
-                     probe_lr: float = 2e-3, seed: int = 0) -> Path:
+                     probe_lr: float = 2e-3, seed: int = 0, name: str = "lengths", scene0: int = 9_000_000,
+                     appearance_probe_weight: float = 0.0, slot_attention_weight: float = 0.0) -> Path:
     """Fine-tune a trained target on videos of 16 to 512 frames (up to 4,096 visual tokens), so that
     it captions long videos as it does 8-frame ones: trained at 8 frames, its temporal positions
     never went past 16 grids, and past 256 visual tokens it fell into repetitions. Length
     curriculum (`_length_step`), the language-model loss plus `probe_weight` x the visual-position
     probes of `VisualProbes` (at layer `probe_layer`; their own learning rate `probe_lr`, since they
-    start untrained), float32 (bfloat16 autocast was 16x slower than float32 on this CPU,
-    2026-12-01), vision tower frozen. Overwrites `target_dir` and
-    writes LENGTHS_MARKER there (the stage's record); logs to <work>/train_target_lengths.log (with
-    `evaluate_lengths` on `length_eval`, default LENGTH_EVAL, every `eval_every` steps) and resumes
-    from <work>/target_lengths.ckpt (saved every `ckpt_every` steps)."""
+    start untrained), with `appearance_probe_weight` > 0 plus that times `AppearanceProbe`'s (at
+    `probe_layer`), with `slot_attention_weight` > 0 plus that times `SlotAttention`'s, float32
+    (bfloat16 autocast was 16x slower than float32 on this CPU, 2026-12-01), vision tower frozen.
+    A stage called `name` trains on the scenes from seed `scene0` on, overwrites `target_dir` and
+    writes `length_marker(name)` there (the stage's record); logs to <work>/train_target_<name>.log (with `evaluate_lengths` on
+    `length_eval`, default LENGTH_EVAL, every `eval_every` steps) and resumes from
+    <work>/target_<name>.ckpt (saved every `ckpt_every` steps)."""
     from transformers import AutoTokenizer
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(target_dir)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(target_dir, dtype=torch.float32)
-    probes = VisualProbes(model.config.text_config.hidden_size, probe_layer)
+    hidden = model.config.text_config.hidden_size
+    probes = VisualProbes(hidden, probe_layer)
+    heads = {"model": model, "probes": probes}
+    if appearance_probe_weight > 0:
+        heads["appearance_probe"] = AppearanceProbe(hidden, probe_layer)
+    slot = SlotAttention(word_ids(tok)[1], tok(".").input_ids[0]) if slot_attention_weight > 0 else None
     params = _freeze_vision(model)
-    groups = [{"params": params, "peak": lr}, {"params": list(probes.parameters()), "peak": probe_lr}]
+    probe_params = [p for key, m in heads.items() if key != "model" for p in m.parameters()]
+    groups = [{"params": params, "peak": lr}, {"params": probe_params, "peak": probe_lr}]
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    ckpt, log = work / "target_lengths.ckpt", work / "train_target_lengths.log"
-    start = _resume(ckpt, {"model": model, "probes": probes}, opt)
+    ckpt, log = work / f"target_{name}.ckpt", work / f"train_target_{name}.log"
+    start = _resume(ckpt, heads, opt)
     model.train()
     rng = np.random.default_rng(seed + 13 + start)
-    bar = tqdm(range(start, steps), initial=start, total=steps, desc="target lengths", mininterval=5)
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc=f"target {name}", mininterval=5)
     t0 = time.time()
     for step in bar:
         frames, n, mix = _length_step(step, steps, batch_size, token_budget, trained_share, rng)
         for g in opt.param_groups:
             g["lr"] = _phase_lr(step, steps, g["peak"])
-        first = 9_000_000 + step * batch_size
+        first = scene0 + step * batch_size
         samples = [data.make_sample(tok, model.config.video_token_id, s, num_frames=frames, rng=rng, noise=4.0, mix=mix)
                    for s in range(first, first + n)]
-        losses = length_losses(model, probes, samples, frames)
-        _optimise(opt, losses["lm"] + probe_weight * losses["visual_probe"], params + groups[1]["params"])
+        losses = length_losses(model, probes, samples, frames, heads.get("appearance_probe"), slot)
+        total = (losses["lm"] + probe_weight * losses["visual_probe"]
+                 + appearance_probe_weight * losses.get("appearance_probe", 0.0)
+                 + slot_attention_weight * losses.get("slot_attention", 0.0))
+        _optimise(opt, total, params + probe_params)
         bar.set_postfix(lm=f"{losses['lm'].item():.3f}", frames=frames)
         _log(log, {"step": step, "frames": frames, "samples": n, **{f"{k}_loss": v.item() for k, v in losses.items()},
                    "lr": opt.param_groups[0]["lr"],
                    "elapsed_s": round(time.time() - t0, 1), "threads": torch.get_num_threads(), "time": time.time()})
         if (step + 1) % ckpt_every == 0 or step + 1 == steps:
-            _checkpoint(ckpt, {"model": model, "probes": probes}, opt, step + 1)
+            _checkpoint(ckpt, heads, opt, step + 1)
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             _log(log, {"step": step + 1, "eval": evaluate_lengths(model, tok, length_eval or LENGTH_EVAL), "time": time.time()})
     model.eval()
     model.save_pretrained(target_dir, safe_serialization=True)
     record = {"steps": steps, "batch_size": batch_size, "token_budget": token_budget, "trained_share": trained_share,
-              "lr": lr, "probe_weight": probe_weight, "probe_layer": probe_layer, "probe_lr": probe_lr, "ladder": LENGTH_LADDER, "curriculum": LENGTH_CURRICULUM}
-    (target_dir / LENGTHS_MARKER).write_text(json.dumps(record, indent=1) + "\n")
+              "lr": lr, "probe_weight": probe_weight, "probe_layer": probe_layer, "probe_lr": probe_lr,
+              "appearance_probe_weight": appearance_probe_weight, "slot_attention_weight": slot_attention_weight,
+              "name": name, "scene0": scene0, "ladder": LENGTH_LADDER, "curriculum": LENGTH_CURRICULUM}
+    (target_dir / length_marker(name)).write_text(json.dumps(record, indent=1) + "\n")
     return target_dir
 
 
