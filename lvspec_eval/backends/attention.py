@@ -20,7 +20,8 @@ the text config only (the vision tower keeps the user's kernel):
 
 SpecVLM's pruning scores. While `collect_visual_attention` is active, the same function also adds,
 for each layer, the attention the queries pay to the video keys to a running sum (one
-[kv_heads, group * queries, keys] block at a time, never all layers' maps at once).
+[kv_heads, group * queries, keys] block at a time, never all layers' maps at once). Any other
+collector can be fed the same way (`collecting`).
 """
 from __future__ import annotations
 
@@ -108,7 +109,8 @@ def _dispatching(kernel: str):
         out = fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         collector = _COLLECTORS.get(id(module.config))
         if collector is not None:
-            collector.add(query, key, attention_mask, scaling if scaling is not None else query.shape[-1] ** -0.5)
+            collector.add(query, key, attention_mask, scaling if scaling is not None else query.shape[-1] ** -0.5,
+                          module.layer_idx)
         return out
 
     return attention
@@ -148,8 +150,9 @@ class VisualAttention:
         self.total: torch.Tensor | None = None  # on the first layer's device (layers may sit on several)
         self.num_layers = 0
 
-    def add(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> None:
-        """query [1, heads, q, d]; key [1, kv_heads, k, d]; mask [1, 1, q, >= k] additive."""
+    def add(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float,
+            layer: int | None = None) -> None:
+        """query [1, heads, q, d]; key [1, kv_heads, k, d]; mask [1, 1, q, >= k] additive; every layer counts."""
         if mask is None or mask.dim() != 4:
             raise ValueError("visual attention collection needs an explicit 4-D additive mask")
         group = query.shape[1] // key.shape[1]
@@ -167,24 +170,31 @@ class VisualAttention:
         return (self.total / self.num_layers).cpu()
 
 
-_COLLECTORS: dict[int, VisualAttention] = {}  # id(text config) -> the collector active on that model
+_COLLECTORS: dict[int, object] = {}  # id(text config) -> the collector active on that model
+
+
+@contextlib.contextmanager
+def collecting(text_config, collector):
+    """While active, every attention layer of `text_config`'s model, after computing its output,
+    calls `collector.add(query, key, mask, scaling, layer_idx)` (queries and keys after rotary
+    embedding, as the kernel got them). Models loaded by `load_backend` already run the dispatcher;
+    any other model runs it (with its own kernel) for the duration. Used by SpecVLM's pruning scores
+    (`collect_visual_attention`) and by the demo target's attention supervision (demo/train.py
+    `SlotAttention`)."""
+    if id(text_config) in _COLLECTORS:
+        raise RuntimeError("attention is already being collected on this model")
+    original = text_config._attn_implementation
+    _COLLECTORS[id(text_config)] = collector
+    text_config._attn_implementation = dispatch_name(kernel_of(text_config))
+    try:
+        yield collector
+    finally:
+        text_config._attn_implementation = original
+        del _COLLECTORS[id(text_config)]
 
 
 @contextlib.contextmanager
 def collect_visual_attention(text_config, start: int, end: int) -> Iterator[VisualAttention]:
-    """While active, every attention layer of `text_config`'s model adds to the collector.
-
-    Models loaded by `load_backend` already run the dispatcher; any other model runs it (with its
-    own kernel) for the duration.
-    """
-    col = VisualAttention(start, end)
-    original = text_config._attn_implementation
-    if id(text_config) in _COLLECTORS:
-        raise RuntimeError("visual attention is already being collected on this model")
-    _COLLECTORS[id(text_config)] = col
-    text_config._attn_implementation = dispatch_name(kernel_of(text_config))
-    try:
+    """While active, every attention layer of `text_config`'s model adds to a `VisualAttention`."""
+    with collecting(text_config, VisualAttention(start, end)) as col:
         yield col
-    finally:
-        text_config._attn_implementation = original
-        del _COLLECTORS[id(text_config)]

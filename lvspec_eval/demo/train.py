@@ -56,7 +56,6 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -543,9 +542,6 @@ class AppearanceProbe(torch.nn.Module):
         return count + first
 
 
-SLOT_ATTENTION = "lvspec_slot_attention"  # the attention function name while SlotAttention is on
-
-
 class SlotAttention:
     """Attention supervision at the caption's object slots (training only): from the position that
     predicts the k-th object's size word to the end of its sentence, the query heads `heads`
@@ -561,7 +557,6 @@ class SlotAttention:
     def __init__(self, colour_ids: set[int], stop_id: int, heads: tuple[tuple[int, int], ...] = ((3, 1), (4, 0), (5, 3))):
         self.colour_ids, self.stop_id = colour_ids, stop_id  # the colour words' ids, the sentence end's (".")
         self.heads = heads
-        self.layers = {layer for layer, _ in heads}
         self.rows: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (sample, query rows, key targets [rows, len])
         self.losses: list[torch.Tensor] = []
 
@@ -584,8 +579,9 @@ class SlotAttention:
             return torch.zeros(0, dtype=torch.long), torch.zeros(0, len(ids), dtype=torch.bool)
         return torch.tensor(rows), torch.stack(targets)
 
-    def add(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
-        """query [b, heads, q, d]; key [b, kv_heads, k, d] of one supervised layer."""
+    def add(self, query: torch.Tensor, key: torch.Tensor, mask, scaling: float, layer: int) -> None:
+        """One layer's query [b, heads, q, d] and key [b, kv_heads, k, d] (`attention.collecting`'s
+        call; the mask is not needed: the rows' own causal mask is applied here)."""
         group = query.shape[1] // key.shape[1]
         for head in (h for lay, h in self.heads if lay == layer):
             for b, rows, targets in self.rows:
@@ -596,50 +592,20 @@ class SlotAttention:
                 logp = logits.masked_fill(later, float("-inf")).log_softmax(-1)
                 self.losses.append(-logp.masked_fill(~targets, float("-inf")).logsumexp(-1))
 
-    @contextlib.contextmanager
-    def supervising(self, model, samples: list[data.Sample], owners: list[torch.Tensor]) -> Iterator[None]:
-        """While active, `model`'s language-model attention runs through `_slot_attention`, which
+    def supervising(self, model, samples: list[data.Sample], owners: list[torch.Tensor]):
+        """A context in which `model`'s attention layers feed `add` (`attention.collecting`), which
         adds the supervised heads' losses on `samples` (their `coverage_owners`) for `loss`."""
+        from ..backends import attention
+
         self.rows = [(b, *self.targets(s, o, model.config.video_token_id)) for b, (s, o) in enumerate(zip(samples, owners))]
         self.rows = [r for r in self.rows if len(r[1])]
-        _register_slot_attention()
-        text_config = model.config.get_text_config()
-        _SLOT_SUPERVISION[id(text_config)] = self
-        original, text_config._attn_implementation = text_config._attn_implementation, SLOT_ATTENTION
-        try:
-            yield
-        finally:
-            text_config._attn_implementation = original
-            del _SLOT_SUPERVISION[id(text_config)]
+        return attention.collecting(model.config.get_text_config(), self)
 
     def loss(self) -> torch.Tensor:
         """The mean over the supervised (head, row) pairs of the last forward; then starts afresh."""
         out = torch.cat(self.losses).mean() if self.losses else torch.zeros(())
         self.losses, self.rows = [], []
         return out
-
-
-_SLOT_SUPERVISION: dict[int, SlotAttention] = {}  # id(text config) -> the supervision active on that model
-
-
-def _slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """torch sdpa (the training runs' kernel), and the active `SlotAttention` fed the supervised layers' queries and keys."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    out = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, scaling=scaling,
-                                          dropout=dropout, **kwargs)
-    sup = _SLOT_SUPERVISION.get(id(module.config))
-    if sup is not None and module.layer_idx in sup.layers:
-        sup.add(module.layer_idx, query, key, scaling if scaling is not None else query.shape[-1] ** -0.5)
-    return out
-
-
-def _register_slot_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
-    AttentionInterface.register(SLOT_ATTENTION, _slot_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(SLOT_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
 
 
 def length_losses(model, probes: VisualProbes, samples: list[data.Sample], frames: int,
