@@ -34,7 +34,10 @@ included, and order of appearance, which in a long video is only seen across tem
 A second, shorter stage (`POINTER_RECIPE`) supervises the attention of the three heads that point
 from each caption sentence at the object it names (`SlotAttention`), with a running count of the
 objects (`AppearanceProbe`): at long videos those heads had stopped telling the named object from
-the others.
+the others. Two more such stages (`ORDER_RECIPES`) add a second order-of-appearance probe on the
+object tokens (`OrderProbe` at its own weight, without the background tokens), the second with the
+pointer heads' supervision doubled: after the pointer stage the target still named the third
+object where the second belonged.
 
 Draft: a smaller Qwen2.5-VL whose vision blocks start as a frozen copy of the target's, trained
 by distillation on the target's next-token distributions over the same kind of data (as EAGLE-
@@ -325,15 +328,15 @@ class OrderProbe(torch.nn.Module):
     temporal patch only, so telling the second object from the third is the language model's work;
     this gives that comparison a direct signal (training only)."""
 
-    def __init__(self, hidden: int, layer: int):
+    def __init__(self, hidden: int, layer: int, background_weight: float = 0.2):
         super().__init__()
-        self.layer = layer
+        self.layer, self.background_weight = layer, background_weight  # the weight of tokens that hold no object
         self.proj = torch.nn.Linear(hidden, len(world.ORDINALS) + 1)
 
     def loss(self, hidden_states: tuple[torch.Tensor, ...], video_mask: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
         logits = self.proj(hidden_states[self.layer][video_mask].float())
-        weight = torch.where(owners > 0, 1.0, 0.2)
-        return (F.cross_entropy(logits, owners, reduction="none") * weight).sum() / weight.sum()
+        weight = torch.where(owners > 0, 1.0, self.background_weight)
+        return (F.cross_entropy(logits, owners, reduction="none") * weight).sum() / weight.sum().clamp_min(1e-6)
 
 
 def training_heads(hidden: int) -> dict[str, torch.nn.Module]:
@@ -610,11 +613,12 @@ class SlotAttention:
 
 def length_losses(model, probes: VisualProbes, samples: list[data.Sample], frames: int,
                   appearance_probe: AppearanceProbe | None = None,
-                  slot_attention: SlotAttention | None = None) -> dict[str, torch.Tensor]:
+                  slot_attention: SlotAttention | None = None,
+                  order_probe: OrderProbe | None = None) -> dict[str, torch.Tensor]:
     """The length fine-tune's losses on one batch, in float32: the language-model loss
     (`per_sample_loss`), the visual-position probes' (`VisualProbes`), with `appearance_probe` the
     running count's and first sightings' (`AppearanceProbe`), with `slot_attention` the pointer
-    heads' (`SlotAttention`)."""
+    heads' (`SlotAttention`), with `order_probe` a second order-of-appearance probe's (`OrderProbe`)."""
     batch = data.collate(samples, model.config.pad_token_id)
     owners = [coverage_owners(s.scene, frames, models.FRAME_SIZE) for s in samples]
     labels = torch.cat([coverage_labels(o, s.scene) for o, s in zip(owners, samples)])
@@ -630,6 +634,8 @@ def length_losses(model, probes: VisualProbes, samples: list[data.Sample], frame
         losses["appearance_probe"] = appearance_probe.loss(out.hidden_states, video_mask, counts, owners)
     if slot_attention is not None:
         losses["slot_attention"] = slot_attention.loss()
+    if order_probe is not None:
+        losses["order_probe"] = order_probe.loss(out.hidden_states, video_mask, torch.cat(owners))
     return losses
 
 
@@ -640,6 +646,14 @@ LENGTHS_MARKER = "length_finetune.json"
 POINTER_STAGE = "lengths_pointer"
 POINTER_RECIPE = dict(lr=2e-4, appearance_probe_weight=1.0, slot_attention_weight=0.5, name=POINTER_STAGE,
                       scene0=9_500_000)
+# Then two more of the same on other scenes with a second order-of-appearance probe on the object
+# tokens (`OrderProbe` without the background tokens, `order_probe_weight`), the second with the
+# pointer heads' supervision doubled: at 128 frames the pointer stage's target still named the
+# third object where the second belonged.
+ORDER_RECIPES = (dict(POINTER_RECIPE, order_probe_weight=1.0, name="lengths_order", scene0=9_600_000),
+                 dict(POINTER_RECIPE, order_probe_weight=1.0, slot_attention_weight=1.0, name="lengths_order2",
+                      scene0=9_700_000))
+LATER_LENGTH_STAGES = (POINTER_RECIPE, *ORDER_RECIPES)  # build-demo's stages after the first, in order
 
 
 def length_marker(name: str) -> str:
@@ -651,14 +665,16 @@ def finetune_lengths(work: Path, target_dir: Path, steps: int, batch_size: int =
                      trained_share: float = 0.25, lr: float = 2e-4, eval_every: int = 150, ckpt_every: int = 25,
                      length_eval: dict[int, int] | None = None, probe_weight: float = 0.5, probe_layer: int = 4,
                      probe_lr: float = 2e-3, seed: int = 0, name: str = "lengths", scene0: int = 9_000_000,
-                     appearance_probe_weight: float = 0.0, slot_attention_weight: float = 0.0) -> Path:
+                     appearance_probe_weight: float = 0.0, slot_attention_weight: float = 0.0,
+                     order_probe_weight: float = 0.0) -> Path:
     """Fine-tune a trained target on videos of 16 to 512 frames (up to 4,096 visual tokens), so that
     it captions long videos as it does 8-frame ones: trained at 8 frames, its temporal positions
     never went past 16 grids, and past 256 visual tokens it fell into repetitions. Length
     curriculum (`_length_step`), the language-model loss plus `probe_weight` x the visual-position
     probes of `VisualProbes` (at layer `probe_layer`; their own learning rate `probe_lr`, since they
     start untrained), with `appearance_probe_weight` > 0 plus that times `AppearanceProbe`'s (at
-    `probe_layer`), with `slot_attention_weight` > 0 plus that times `SlotAttention`'s, float32
+    `probe_layer`), with `slot_attention_weight` > 0 plus that times `SlotAttention`'s, with
+    `order_probe_weight` > 0 plus that times a second `OrderProbe`'s on the object tokens only, float32
     (bfloat16 autocast was 16x slower than float32 on this CPU, 2026-12-01), vision tower frozen.
     A stage called `name` trains on the scenes from seed `scene0` on, overwrites `target_dir` and
     writes `length_marker(name)` there (the stage's record); logs to <work>/train_target_<name>.log (with `evaluate_lengths` on
@@ -674,6 +690,8 @@ def finetune_lengths(work: Path, target_dir: Path, steps: int, batch_size: int =
     heads = {"model": model, "probes": probes}
     if appearance_probe_weight > 0:
         heads["appearance_probe"] = AppearanceProbe(hidden, probe_layer)
+    if order_probe_weight > 0:
+        heads["order_probe"] = OrderProbe(hidden, probe_layer, background_weight=0.0)
     slot = SlotAttention(word_ids(tok)[1], tok(".").input_ids[0]) if slot_attention_weight > 0 else None
     params = _freeze_vision(model)
     probe_params = [p for key, m in heads.items() if key != "model" for p in m.parameters()]
@@ -692,10 +710,12 @@ def finetune_lengths(work: Path, target_dir: Path, steps: int, batch_size: int =
         first = scene0 + step * batch_size
         samples = [data.make_sample(tok, model.config.video_token_id, s, num_frames=frames, rng=rng, noise=4.0, mix=mix)
                    for s in range(first, first + n)]
-        losses = length_losses(model, probes, samples, frames, heads.get("appearance_probe"), slot)
+        losses = length_losses(model, probes, samples, frames, heads.get("appearance_probe"), slot,
+                               heads.get("order_probe"))
         total = (losses["lm"] + probe_weight * losses["visual_probe"]
                  + appearance_probe_weight * losses.get("appearance_probe", 0.0)
-                 + slot_attention_weight * losses.get("slot_attention", 0.0))
+                 + slot_attention_weight * losses.get("slot_attention", 0.0)
+                 + order_probe_weight * losses.get("order_probe", 0.0))
         _optimise(opt, total, params + probe_params)
         bar.set_postfix(lm=f"{losses['lm'].item():.3f}", frames=frames)
         _log(log, {"step": step, "frames": frames, "samples": n, **{f"{k}_loss": v.item() for k, v in losses.items()},
@@ -710,6 +730,7 @@ def finetune_lengths(work: Path, target_dir: Path, steps: int, batch_size: int =
     record = {"steps": steps, "batch_size": batch_size, "token_budget": token_budget, "trained_share": trained_share,
               "lr": lr, "probe_weight": probe_weight, "probe_layer": probe_layer, "probe_lr": probe_lr,
               "appearance_probe_weight": appearance_probe_weight, "slot_attention_weight": slot_attention_weight,
+              "order_probe_weight": order_probe_weight,
               "name": name, "scene0": scene0, "ladder": LENGTH_LADDER, "curriculum": LENGTH_CURRICULUM}
     (target_dir / length_marker(name)).write_text(json.dumps(record, indent=1) + "\n")
     return target_dir
