@@ -81,6 +81,11 @@ def _attribute_ids(obj: world.SceneObject) -> list[int]:
     return [names[k].index(getattr(obj, k)) + 1 for k in names]
 
 
+def weighted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The per-token cross-entropy averaged with per-token weights (0 if every weight is 0)."""
+    return (F.cross_entropy(logits, labels, reduction="none") * weight).sum() / weight.sum().clamp_min(1e-6)
+
+
 class AuxHead(torch.nn.Module):
     def __init__(self, hidden: int):
         super().__init__()
@@ -90,8 +95,7 @@ class AuxHead(torch.nn.Module):
         logits = self.proj(feats).split(list(AUX_CLASSES.values()), dim=-1)
         # Empty tokens are easy and many; weigh them down so objects drive the gradient.
         weight = torch.where(labels[:, 0] > 0, 1.0, 0.2)
-        losses = [(F.cross_entropy(lg, labels[:, i], reduction="none") * weight).sum() / weight.sum()
-                  for i, lg in enumerate(logits)]
+        losses = [weighted_cross_entropy(lg, labels[:, i], weight) for i, lg in enumerate(logits)]
         return sum(losses) / len(losses)
 
 
@@ -336,7 +340,7 @@ class OrderProbe(torch.nn.Module):
     def loss(self, hidden_states: tuple[torch.Tensor, ...], video_mask: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
         logits = self.proj(hidden_states[self.layer][video_mask].float())
         weight = torch.where(owners > 0, 1.0, self.background_weight)
-        return (F.cross_entropy(logits, owners, reduction="none") * weight).sum() / weight.sum().clamp_min(1e-6)
+        return weighted_cross_entropy(logits, owners, weight)
 
 
 def training_heads(hidden: int) -> dict[str, torch.nn.Module]:
@@ -541,8 +545,7 @@ class AppearanceProbe(torch.nn.Module):
         new, held = torch.cat([first_sightings(o) for o in owners]), torch.cat(owners) > 0
         # few tokens are first sightings; the other object tokens are the hard negatives
         weight = torch.where(new > 0, 1.0, torch.where(held, 0.5, 0.05))
-        first = (F.cross_entropy(self.new(feats), new, reduction="none") * weight).sum() / weight.sum()
-        return count + first
+        return count + weighted_cross_entropy(self.new(feats), new, weight)
 
 
 class SlotAttention:
@@ -621,6 +624,7 @@ def length_losses(model, probes: VisualProbes, samples: list[data.Sample], frame
     heads' (`SlotAttention`), with `order_probe` a second order-of-appearance probe's (`OrderProbe`)."""
     batch = data.collate(samples, model.config.pad_token_id)
     owners = [coverage_owners(s.scene, frames, models.FRAME_SIZE) for s in samples]
+    all_owners = torch.cat(owners)
     labels = torch.cat([coverage_labels(o, s.scene) for o, s in zip(owners, samples)])
     embeds, pos, _ = _embed_inputs(model, batch)
     with slot_attention.supervising(model, samples, owners) if slot_attention else contextlib.nullcontext():
@@ -628,14 +632,14 @@ def length_losses(model, probes: VisualProbes, samples: list[data.Sample], frame
                     output_hidden_states=True)
     video_mask = batch["input_ids"] == model.config.video_token_id
     losses = {"lm": per_sample_loss(out.logits, batch["labels"]),
-              "visual_probe": probes.loss(out.hidden_states, video_mask, torch.cat(owners), labels)}
+              "visual_probe": probes.loss(out.hidden_states, video_mask, all_owners, labels)}
     if appearance_probe is not None:
         counts = torch.cat([appeared_counts(s.scene, frames) for s in samples])
         losses["appearance_probe"] = appearance_probe.loss(out.hidden_states, video_mask, counts, owners)
     if slot_attention is not None:
         losses["slot_attention"] = slot_attention.loss()
     if order_probe is not None:
-        losses["order_probe"] = order_probe.loss(out.hidden_states, video_mask, torch.cat(owners))
+        losses["order_probe"] = order_probe.loss(out.hidden_states, video_mask, all_owners)
     return losses
 
 
@@ -650,9 +654,9 @@ POINTER_RECIPE = dict(lr=2e-4, appearance_probe_weight=1.0, slot_attention_weigh
 # tokens (`OrderProbe` without the background tokens, `order_probe_weight`), the second with the
 # pointer heads' supervision doubled: at 128 frames the pointer stage's target still named the
 # third object where the second belonged.
-ORDER_RECIPES = (dict(POINTER_RECIPE, order_probe_weight=1.0, name="lengths_order", scene0=9_600_000),
-                 dict(POINTER_RECIPE, order_probe_weight=1.0, slot_attention_weight=1.0, name="lengths_order2",
-                      scene0=9_700_000))
+_ORDER_RECIPE = dict(POINTER_RECIPE, order_probe_weight=1.0, name="lengths_order", scene0=9_600_000)
+ORDER_RECIPES = (_ORDER_RECIPE,
+                 dict(_ORDER_RECIPE, slot_attention_weight=1.0, name="lengths_order2", scene0=9_700_000))
 LATER_LENGTH_STAGES = (POINTER_RECIPE, *ORDER_RECIPES)  # build-demo's stages after the first, in order
 
 
