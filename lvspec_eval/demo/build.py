@@ -1,8 +1,8 @@
 """`lvspec-eval build-demo`: train the demo world's tokenizer, target and drafts on this CPU.
 
 It runs once (on 2 cores: tokenizer seconds, target 77 minutes, the last 7 of them its question
-phase, its length fine-tune 45 (--length-steps), three more length stages (the pointer heads, then
-twice with the order probe) 22 each (--pointer-steps), the draft about 30 (estimated from the step times
+phase, its length fine-tune 45 (--length-steps), four more length stages (the pointer heads, then
+three times with the order probe) 21-23 each (--pointer-steps), each from the last as stored, the draft about 30 (estimated from the step times
 of the re-distillations; one step in four on long videos, half of those on pruned ones,
 --draft-pruned-share; 8 at 8 frames only, --draft-long-share 0), the restyled draft 2; the Sparrow heads are
 `lvspec-eval train-sparrow`; docs/DEMO.md has the measured times);
@@ -55,11 +55,10 @@ def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_s
     if length_steps and not (target_dir / train.LENGTHS_MARKER).exists():
         train.finetune_lengths(work, target_dir, steps=length_steps)
         store_bfloat16(target_dir)  # the second stage starts from the first as it was stored
-    for k, recipe in enumerate(train.LATER_LENGTH_STAGES if length_steps and pointer_steps else ()):
+    for recipe in train.LATER_LENGTH_STAGES if length_steps and pointer_steps else ():
         if not (target_dir / train.length_marker(recipe["name"])).exists():
             train.finetune_lengths(work, target_dir, steps=pointer_steps, **recipe)
-            if k == 0:  # the order stages ran from the pointer stage as stored, one after the other in float32
-                store_bfloat16(target_dir)
+            store_bfloat16(target_dir)  # each stage starts from the last as it was stored
     store_bfloat16(target_dir)  # the drafts (and Sparrow heads) learn from the target as shipped
     if not (out / "draft" / "config.json").exists():
         train.train_draft(work, out, target_dir, steps=draft_steps, lr=draft_lr, init=draft_init,
@@ -81,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("build-demo", help="train the demo world's tokenizer, target and drafts (CPU, about 3.7 hours)")
+    p = sub.add_parser("build-demo", help="train the demo world's tokenizer, target and drafts (CPU, about 4 hours)")
     p.add_argument("--out", default=str(CHECKPOINTS), help="where the checkpoints go (default: the package's)")
     p.add_argument("--work", default=".cache/demo_build", help="logs, resumable training state")
     p.add_argument("--target-steps", type=int, default=4000, help="target optimiser steps of 16 samples, both phases")
@@ -92,7 +91,7 @@ def register(sub) -> None:
                         "after its 8-frame run; 0: none (the 8-frame target)")
     p.add_argument("--pointer-steps", type=int, default=300,
                    help="steps of each later length stage (a running count of the objects and the pointer heads "
-                        "supervised onto the object each caption sentence names; then twice more with an order-of-"
+                        "supervised onto the object each caption sentence names; then three times more with an order-of-"
                         "appearance probe on the object tokens); 0: none")
     p.add_argument("--draft-steps", type=int, default=700, help="draft distillation steps of 16 samples at 8 frames "
                    "(or fewer videos of 16-512 frames, see --draft-long-share)")

@@ -650,13 +650,14 @@ LENGTHS_MARKER = "length_finetune.json"
 POINTER_STAGE = "lengths_pointer"
 POINTER_RECIPE = dict(lr=2e-4, appearance_probe_weight=1.0, slot_attention_weight=0.5, name=POINTER_STAGE,
                       scene0=9_500_000)
-# Then two more of the same on other scenes with a second order-of-appearance probe on the object
-# tokens (`OrderProbe` without the background tokens, `order_probe_weight`), the second with the
-# pointer heads' supervision doubled: at 128 frames the pointer stage's target still named the
+# Then three more of the same on other scenes with a second order-of-appearance probe on the object
+# tokens (`OrderProbe` without the background tokens, `order_probe_weight`), the second and third
+# with the pointer heads' supervision doubled: at 128 frames the pointer stage's target still named the
 # third object where the second belonged.
 _ORDER_RECIPE = dict(POINTER_RECIPE, order_probe_weight=1.0, name="lengths_order", scene0=9_600_000)
 ORDER_RECIPES = (_ORDER_RECIPE,
-                 dict(_ORDER_RECIPE, slot_attention_weight=1.0, name="lengths_order2", scene0=9_700_000))
+                 dict(_ORDER_RECIPE, slot_attention_weight=1.0, name="lengths_order2", scene0=9_700_000),
+                 dict(_ORDER_RECIPE, slot_attention_weight=1.0, name="lengths_order3", scene0=9_800_000))
 LATER_LENGTH_STAGES = (POINTER_RECIPE, *ORDER_RECIPES)  # build-demo's stages after the first, in order
 
 
