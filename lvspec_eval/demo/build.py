@@ -2,10 +2,11 @@
 
 It runs once (on 2 cores: tokenizer seconds, target 77 minutes, the last 7 of them its question
 phase, its length fine-tune 45 (--length-steps), four more length stages (the pointer heads, then
-three times with the order probe) 21-23 each (--pointer-steps), each from the last as stored, the draft about 30 (estimated from the step times
-of the re-distillations; one step in four on long videos, half of those on pruned ones,
---draft-pruned-share; 8 at 8 frames only, --draft-long-share 0), the restyled draft 2; the Sparrow heads are
-`lvspec-eval train-sparrow`; docs/DEMO.md has the measured times);
+three times with the order probe) 21-23 each (--pointer-steps), each from the last as stored, the
+draft about 30 (estimated from the step times of the re-distillations; one step in four on long
+videos, half of those on pruned ones, --draft-pruned-share; 8 at 8 frames only, --draft-long-share
+0), the restyled draft 2; the Sparrow heads are `lvspec-eval train-sparrow`; docs/DEMO.md has the
+measured times);
 the checkpoints it writes are committed (stored in bfloat16, run in float32), so `make demo` needs
 no training. Every stage logs to <work>/train_*.log, checkpoints as it goes and resumes where it
 stopped when run again.
@@ -91,8 +92,8 @@ def register(sub) -> None:
                         "after its 8-frame run; 0: none (the 8-frame target)")
     p.add_argument("--pointer-steps", type=int, default=300,
                    help="steps of each later length stage (a running count of the objects and the pointer heads "
-                        "supervised onto the object each caption sentence names; then three times more with an order-of-"
-                        "appearance probe on the object tokens); 0: none")
+                        "supervised onto the object each caption sentence names; then three times more with an "
+                        "order-of-appearance probe on the object tokens); 0: none")
     p.add_argument("--draft-steps", type=int, default=700, help="draft distillation steps of 16 samples at 8 frames "
                    "(or fewer videos of 16-512 frames, see --draft-long-share)")
     p.add_argument("--draft-init", default=None,
