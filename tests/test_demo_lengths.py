@@ -80,9 +80,9 @@ def test_appeared_counts_follow_the_rendered_frames():
 @pytest.mark.parametrize("weight", ["appearance_probe_weight", "slot_attention_weight", "order_probe_weight"])
 def test_pointer_stage_trains_under_its_own_name(tmp_path, weight):
     """The second length stage (`name=POINTER_STAGE`) with the running-count probe, the pointer
-    heads' supervision or the object tokens' order probe: its own log, checkpoint and marker beside the first stage's, and the signal's
-    gradient reaches the language model (one step with it moves the weights elsewhere than the same
-    step without)."""
+    heads' supervision or the object tokens' order probe: its own log, checkpoint and marker beside
+    the first stage's, and the signal's gradient reaches the language model (one step with it moves
+    the weights elsewhere than the same step without)."""
     # one step of two 16-frame videos (long steps are mostly captions: the pointer heads need one)
     kwargs = dict(batch_size=2, trained_share=0.0, token_budget=256, eval_every=100, length_eval={models.FRAMES: 1},
                   name=train.POINTER_STAGE)

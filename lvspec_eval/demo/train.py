@@ -34,10 +34,10 @@ included, and order of appearance, which in a long video is only seen across tem
 A second, shorter stage (`POINTER_RECIPE`) supervises the attention of the three heads that point
 from each caption sentence at the object it names (`SlotAttention`), with a running count of the
 objects (`AppearanceProbe`): at long videos those heads had stopped telling the named object from
-the others. Two more such stages (`ORDER_RECIPES`) add a second order-of-appearance probe on the
-object tokens (`OrderProbe` at its own weight, without the background tokens), the second with the
-pointer heads' supervision doubled: after the pointer stage the target still named the third
-object where the second belonged.
+the others. Three more such stages (`ORDER_RECIPES`) add a second order-of-appearance probe on the
+object tokens (`OrderProbe` at its own weight, without the background tokens), the second and third
+with the pointer heads' supervision doubled: after the pointer stage the target still named the
+third object where the second belonged.
 
 Draft: a smaller Qwen2.5-VL whose vision blocks start as a frozen copy of the target's, trained
 by distillation on the target's next-token distributions over the same kind of data (as EAGLE-
