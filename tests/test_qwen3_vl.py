@@ -1,0 +1,168 @@
+"""Qwen3-VL specifics the shared suites cannot see (the shared ones run it through the `family`
+fixture: prefill, two-part and pruned prefill against transformers' own forward, trees, lossless).
+
+Here: timestamps and the prompt text against transformers' processor code, hidden states read
+after DeepStack's addition, a draft that uses its own tower and DeepStack while Self-SD reuses the
+target's, DeepStack rows handed to exactly the part of a prefill that holds them, original frame
+indices travelling through VideoInput, the MoE text model, and Qwen3.5's refusal.
+"""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3_5Config, Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
+from lvspec_eval.backends.loading import load_backend
+from lvspec_eval.backends.qwen3_vl import DEEPSTACK, frame_timestamps
+from lvspec_eval.decoding import loop, methods
+from lvspec_eval.runner import VideoInput
+
+from conftest import INIT_RANGE, TOKENIZER_DIR, qwen3_config, save_qwen3
+
+ATOL = 1e-4
+
+
+def _video(seed=0, t=5, h=70, w=90):
+    return np.random.default_rng(seed).integers(0, 256, size=(t, h, w, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("indices,fps", [([0, 15, 30], 30.0), ([0, 1, 2, 3], 2.0), ([3, 40, 77, 120, 163], 29.97)])
+def test_timestamps_follow_transformers(indices, fps):
+    proc = Qwen3VLProcessor.__new__(Qwen3VLProcessor)
+    assert frame_timestamps(indices, fps, 2) == proc._calculate_timestamps(list(indices), fps, 2)
+
+
+def test_prompt_text_is_the_processors(qwen3_family):
+    """Our text equals transformers 5.24's replace_video_token + its pad replacement, original
+    frame indices and native fps included."""
+    backend = qwen3_family.target
+    frames, indices, native = _video(1), np.array([2, 30, 58, 86, 114]), 29.97
+    inputs = backend.prepare("describe the video", [(frames, 4.0, indices, native)])
+    grid = inputs.model_kwargs["video_grid_thw"]
+    fake = SimpleNamespace(video_processor=SimpleNamespace(merge_size=2, temporal_patch_size=2),
+                           _calculate_timestamps=Qwen3VLProcessor.__new__(Qwen3VLProcessor)._calculate_timestamps,
+                           vision_start_token="<|vision_start|>", vision_end_token="<|vision_end|>",
+                           video_token="<|video_pad|>")
+    meta = SimpleNamespace(fps=native, frames_indices=indices)
+    block = Qwen3VLProcessor.replace_video_token(fake, {"video_grid_thw": grid, "video_metadata": [meta]}, 0)
+    template = backend.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "describe the video"}]}],
+        add_generation_prompt=True, tokenize=False)
+    want = backend.tokenizer(template.replace("<|video_pad|>", block, 1), add_special_tokens=False).input_ids
+    assert inputs.input_ids[0].tolist() == want
+
+
+def test_video_input_carries_original_indices(qwen3_family):
+    """The same frames, indices 0, 30, 60, 90, from a 30 fps and a 10 fps file: the timestamps come
+    from the original indices and the native rate (VideoInput.request), not from the sampled rate."""
+    frames = _video(2, t=4)
+    a = VideoInput(frames, 1.0, np.array([0, 30, 60, 90]), 30.0).request()
+    b = VideoInput(frames, 1.0, np.array([0, 30, 60, 90]), 10.0).request()
+    ids_a = qwen3_family.target.prepare("what", [a]).input_ids
+    ids_b = qwen3_family.target.prepare("what", [b]).input_ids
+    assert not torch.equal(ids_a, ids_b)
+    text = qwen3_family.target.tokenizer.decode(ids_b[0])
+    assert "<1.5 seconds>" in text and "<7.5 seconds>" in text  # (0 + 3) / 2 and (6 + 9) / 2 seconds
+
+
+def test_hidden_states_are_read_after_deepstack(qwen3_family):
+    """Layer k's rows are what layer k + 1 gets: after DeepStack for k <= its layers. The visual
+    rows captured at layer 1 minus transformers' own layer-1 output are DeepStack's first feature."""
+    backend = qwen3_family.target
+    inputs = backend.prepare("describe", [(_video(3), 2.0)])
+    state, _ = backend.prefill(inputs, hidden_layers=(1, 2, 3))
+    backend.model.model.rope_deltas = None
+    ids = inputs.input_ids
+    with torch.no_grad():
+        out = backend.model(**qwen3_family.hf_kwargs(backend, inputs, ids), output_hidden_states=True,
+                            return_dict=True)
+        kw = inputs.model_kwargs
+        ds = backend.model.model.get_video_features(kw["pixel_values_videos"], kw["video_grid_thw"],
+                                                    return_dict=True).deepstack_features
+    vmask = inputs.visual_mask
+    hf = out.hidden_states  # [embeddings, layer 1, ...]: decoder outputs before DeepStack's addition
+    for layer, feature in ((1, ds[0]), (2, ds[1])):
+        torch.testing.assert_close(state.visual_hidden[layer], hf[layer][0, vmask] + torch.cat(feature),
+                                   atol=ATOL, rtol=0)
+        torch.testing.assert_close(state.prompt_hidden[layer][~vmask], hf[layer][0, ~vmask], atol=ATOL, rtol=0)
+    # The last layer, past DeepStack: what the final norm gets (transformers records it normed).
+    with torch.no_grad():
+        torch.testing.assert_close(backend.text_model().norm(state.prompt_hidden[3]), hf[3][0], atol=ATOL, rtol=0)
+
+
+def test_split_prefill_gives_deepstack_to_the_video_part_only(qwen3_family):
+    backend = qwen3_family.target
+    inputs = backend.prepare("describe the ball", [(_video(4), 2.0)])
+    calls = []
+    handle = backend.text_model().register_forward_pre_hook(
+        lambda _m, _a, kw: calls.append((kw["inputs_embeds"].shape[1], kw.get("visual_pos_masks"))), with_kwargs=True)
+    try:
+        backend.prefill(inputs, visual_attention=True)
+    finally:
+        handle.remove()
+    (video_len, video_rows), (text_len, text_rows) = calls
+    assert video_len == inputs.visual_span[1] and text_rows is None
+    assert int(video_rows.sum()) == inputs.num_visual_tokens
+
+
+def test_draft_uses_its_own_tower_and_self_sd_reuses_the_targets(qwen3_family):
+    target, draft = qwen3_family.target, qwen3_family.draft
+    inputs = target.prepare("describe", [(_video(5), 2.0)])
+    target.prefill(inputs)
+    assert len(inputs.extra[DEEPSTACK]) == 2
+    adopted = draft.adopt_inputs(inputs, target)
+    assert not any(k.startswith("embeds") for k in adopted.extra)
+    _, logits = draft.prefill(adopted)
+    assert len(adopted.extra[DEEPSTACK]) == 1  # the draft's own DeepStack (one layer)
+    draft.model.model.rope_deltas = None
+    with torch.no_grad():
+        ref = draft.model(**qwen3_family.hf_kwargs(draft, adopted, adopted.input_ids)).logits[0, -1]
+    torch.testing.assert_close(logits, ref, atol=ATOL, rtol=0)
+    # Self-SD: the target's pruned prefill runs no vision tower again.
+    runs = []
+    handle = target.model.model.visual.register_forward_hook(lambda *_: runs.append(1))
+    try:
+        target.prefill(inputs, keep_visual=torch.arange(0, inputs.num_visual_tokens, 2))
+    finally:
+        handle.remove()
+    assert runs == []
+
+
+@pytest.mark.parametrize("method", ["sd_tree", "specvlm"])
+def test_moe_text_model_loads_and_stays_lossless(tmp_path, method):
+    """qwen3_vl_moe loads through the same backend; its exact methods equal vanilla."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    cfg = qwen3_config(tok, 64, 2).to_dict()
+    text = {**cfg["text_config"], "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "decoder_sparse_step": 1}
+    text.pop("model_type", None)
+    config = Qwen3VLMoeConfig(text_config=text, vision_config={k: v for k, v in cfg["vision_config"].items()
+                                                                if k != "model_type"},
+                              image_token_id=cfg["image_token_id"], video_token_id=cfg["video_token_id"],
+                              vision_start_token_id=cfg["vision_start_token_id"],
+                              vision_end_token_id=cfg["vision_end_token_id"], initializer_range=INIT_RANGE)
+    torch.manual_seed(7)
+    save_qwen3(Qwen3VLMoeForConditionalGeneration(config).eval(), tok, tmp_path)
+    backend = load_backend(str(tmp_path))
+    videos = [(_video(6, t=3), 2.0)]
+    outs = {}
+    for name in ("vanilla", method):
+        spec = methods.resolve(name)
+        drafter, verifier = methods.build(spec, methods.make_options(spec, {"tree": "chain", "tree_depth": 3}),
+                                          None, backend)
+        outs[name] = loop.generate(backend, drafter, verifier, "describe the video", videos, 8).tokens
+    assert outs[method] == outs["vanilla"] and len(outs["vanilla"]) > 0
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_hybrid_linear_attention_fails_at_start_and_says_why(tmp_path, model_type):
+    (tmp_path / "config.json").write_text(json.dumps({**Qwen3_5Config().to_dict(), "model_type": model_type}))
+    with pytest.raises(ValueError, match="Gated DeltaNet.*cannot be cropped.*tree"):
+        load_backend(str(tmp_path))
