@@ -166,3 +166,50 @@ def test_hybrid_linear_attention_fails_at_start_and_says_why(tmp_path, model_typ
     (tmp_path / "config.json").write_text(json.dumps({**Qwen3_5Config().to_dict(), "model_type": model_type}))
     with pytest.raises(ValueError, match="Gated DeltaNet.*cannot be cropped.*tree"):
         load_backend(str(tmp_path))
+
+
+# ---- every method; train-sparrow --------------------------------------------------------------
+
+def _run(backend, draft, method: str, videos, options=None, max_new=10):
+    spec = methods.resolve(method)
+    drafter, verifier = methods.build(spec, methods.make_options(spec, options or {}), draft, backend)
+    return loop.generate(backend, drafter, verifier, "describe the video", videos, max_new)
+
+
+@pytest.mark.parametrize("method,options", [
+    ("fly", {"fly_entropy": float("inf"), "fly_k": 6}),  # loose rules off: a mismatch is never salvaged
+    ("lvspec", {"lv_threshold": -1.0, "pst": "off", "lv_lambda": 0.0}),  # every token an anchor: strict
+])
+def test_loose_methods_with_their_rules_off_equal_vanilla(qwen3_family, method, options):
+    videos = [(_video(8, t=4), 2.0)]
+    want = _run(qwen3_family.target, None, "vanilla", videos).tokens
+    for draft in (qwen3_family.draft, None):
+        assert _run(qwen3_family.target, draft, method, videos, options).tokens == want
+
+
+@pytest.mark.parametrize("method", ["fly", "lvspec"])
+def test_loose_methods_run_with_their_rules_on(qwen3_family, method):
+    out = _run(qwen3_family.target, qwen3_family.draft, method, [(_video(9, t=4), 2.0)])
+    assert len(out.tokens) > 0 and len(out.kinds) == len(out.tokens)
+
+
+@pytest.mark.slow
+def test_train_sparrow_on_a_qwen3_target_drives_sparrow_like_vanilla(qwen3_family, tmp_path):
+    from test_sparrow_any_target import VIDEOS, _train, write_mp4
+    from lvspec_eval.models.video import load_video
+    from lvspec_eval.runner import Runner
+
+    videos = tmp_path / "videos"
+    for seed, (name, frames, fps, height, width) in enumerate(VIDEOS):
+        write_mp4(videos / name, frames, fps, height, width, seed)
+    target = str(qwen3_family.target.model.name_or_path)
+    assert _train(target, videos, tmp_path / "head") == 0
+    backend = load_backend(target, video_rule="lmms_eval")
+    vanilla = Runner(target, method="vanilla", video_rule="lmms_eval", target_backend=backend)
+    sparrow = Runner(target, method="sparrow", options={"sparrow_head": str(tmp_path / "head")},
+                     video_rule="lmms_eval", target_backend=backend)
+    for name, *_ in VIDEOS:
+        video = load_video(videos / name, plan=backend.frame_plan(None, 4))
+        assert video.indices is not None and video.native_fps is not None
+        ref, out = vanilla.generate("describe the video", [video], 16), sparrow.generate("describe the video", [video], 16)
+        assert out.tokens == ref.tokens and out.stats["method"] == "sparrow", name
