@@ -213,3 +213,44 @@ def test_train_sparrow_on_a_qwen3_target_drives_sparrow_like_vanilla(qwen3_famil
         assert video.indices is not None and video.native_fps is not None
         ref, out = vanilla.generate("describe the video", [video], 16), sparrow.generate("describe the video", [video], 16)
         assert out.tokens == ref.tokens and out.stats["method"] == "sparrow", name
+
+
+# ---- video rules --------------------------------------------------------------------------------
+
+def test_lmms_eval_rule_is_lmms_evals_qwen3_vl_class(qwen3_family):
+    """lmms-eval 0.7.3 qwen3_vl: its system turn, nframes=32 (even spread), qwen-vl-utils'
+    smart_resize with image_patch_size=16 (factor 32), min_pixels 256*28*28, max_pixels 1,605,632,
+    capped at 768 tokens and an even share of 90% of 128,000 tokens per frame pair; no second resize."""
+    import math
+
+    from lvspec_eval.backends.qwen_vision import frame_size, smart_resize
+
+    backend = load_backend(str(qwen3_family.target.model.name_or_path), video_rule="lmms_eval")
+    cfg = backend.preprocess
+    assert (cfg.factor, cfg.min_pixels, cfg.max_pixels, cfg.processor_pixels) == (32, 256 * 28 * 28, 1605632, None)
+    assert cfg.image_mean == cfg.image_std == (0.5, 0.5, 0.5) and not cfg.clip_budget
+    assert len(backend.frame_plan(None, None).indices(300, 30.0)) == 32
+    for h, w, t in ((720, 1280, 32), (480, 640, 8), (1080, 1920, 32)):
+        factor = 32
+        cap = max(min(768 * factor ** 2, 128000 * factor ** 2 * 0.9 / t * 2), int(256 * 28 * 28 * 1.05))
+        assert frame_size(h, w, t, cfg) == smart_resize(h, w, factor, 256 * 28 * 28, min(1605632, cap))
+        hb, wb = frame_size(h, w, t, cfg)
+        assert hb % 32 == 0 and wb % 32 == 0 and math.isfinite(hb * wb)
+    inputs = backend.prepare("describe", [(_video(10, t=2), 2.0)])
+    text = backend.tokenizer.decode(inputs.input_ids[0])
+    assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n")
+
+
+def test_fps_rule_budgets_the_whole_clip(qwen3_family):
+    """Rule fps: the checkpoint's video processor limits bound frames x pixels (transformers 5.24
+    Qwen3VLVideoProcessor.resize without cap_pixels_per_frame), so more frames get smaller ones."""
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as hf_smart_resize
+
+    from lvspec_eval.backends.qwen_vision import frame_size
+
+    cfg = qwen3_family.target.preprocess
+    assert cfg.clip_budget and (cfg.min_pixels, cfg.max_pixels) == (32 * 32, 4 * 96 * 96)
+    for t, h, w in ((2, 90, 120), (4, 90, 120), (8, 90, 120), (6, 20, 300)):
+        assert frame_size(h, w, t, cfg) == hf_smart_resize(t, h, w, 2, 32, cfg.min_pixels, cfg.max_pixels)
+    assert frame_size(90, 120, 8, cfg)[0] * frame_size(90, 120, 8, cfg)[1] < \
+        frame_size(90, 120, 2, cfg)[0] * frame_size(90, 120, 2, cfg)[1]
