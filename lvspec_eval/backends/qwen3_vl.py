@@ -59,9 +59,7 @@ class Qwen3VLBackend(QwenVLBackend):
 
     def __init__(self, model, tokenizer, device="cpu", preprocess=None):
         super().__init__(model, tokenizer, device, preprocess)
-        ids = tokenizer.convert_tokens_to_ids
-        self.vision_start, self.vision_end = "<|vision_start|>", "<|vision_end|>"
-        self.vision_start_id, self.vision_end_id = ids(self.vision_start), ids(self.vision_end)
+        self.vision_start, self.vision_end = "<|vision_start|>", "<|vision_end|>"  # the processor's markers
         self.system_prompt = LMMS_EVAL_SYSTEM_PROMPT if self.preprocess.video_rule == "lmms_eval" else None
 
     def _messages(self, prompt: str, with_video: bool) -> list[dict]:
