@@ -142,15 +142,13 @@ def backend_without_weights(name: str, parsed):
     from transformers import AutoConfig
 
     from .backends.chat_template import load_tokenizer
-    from .backends.loading import _families, _model_class, _preprocess_overrides, resolve_path
+    from .backends.loading import _families, _model_class, _preprocess_overrides, check_model_type, resolve_path
 
     path = resolve_path(name)
     local = {} if Path(path).is_dir() else {"local_files_only": True}  # a hub id: the cache only, no download
     config = AutoConfig.from_pretrained(path, **local)
+    check_model_type(name, config.model_type)  # Qwen3.5's hybrid layers: refused, saying why
     families = _families()
-    if config.model_type not in families:
-        raise ValueError(f"{name}: model_type {config.model_type!r} is not supported; expected one of "
-                         f"{', '.join(families)}")
     with torch.device("meta"):
         model = _model_class(config.model_type)(config).eval()
     overrides = _preprocess_overrides(path, parsed.video_rule, min_pixels=parsed.min_pixels,

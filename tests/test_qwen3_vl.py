@@ -254,3 +254,17 @@ def test_fps_rule_budgets_the_whole_clip(qwen3_family):
         assert frame_size(h, w, t, cfg) == hf_smart_resize(t, h, w, 2, 32, cfg.min_pixels, cfg.max_pixels)
     assert frame_size(90, 120, 8, cfg)[0] * frame_size(90, 120, 8, cfg)[1] < \
         frame_size(90, 120, 2, cfg)[0] * frame_size(90, 120, 2, cfg)[1]
+
+
+# ---- dry-run ----------------------------------------------------------------------------------
+
+def test_dry_run_counts_a_qwen3_vl_prompt_and_names_qwen3_5s_reason(qwen3_family, capsys, tmp_path):
+    from test_failures import dry_run
+
+    folder = str(qwen3_family.target.model.name_or_path)
+    code, out = dry_run(capsys, f"pretrained={folder},method=vanilla,video_rule=lmms_eval")
+    line = next(l for l in out.splitlines() if "chat template pretrained=" in l)
+    assert line.startswith("OK") and "renders a video" in line, out
+    (tmp_path / "config.json").write_text(json.dumps({**Qwen3_5Config().to_dict(), "model_type": "qwen3_5"}))
+    _, out = dry_run(capsys, f"pretrained={tmp_path},method=vanilla")
+    assert "Gated DeltaNet" in out
