@@ -260,11 +260,20 @@ def test_fps_rule_budgets_the_whole_clip(qwen3_family):
 
 def test_dry_run_counts_a_qwen3_vl_prompt_and_names_qwen3_5s_reason(qwen3_family, capsys, tmp_path):
     from test_failures import dry_run
+    from test_sparrow_any_target import write_mp4
+
+    from lvspec_eval.models.video import load_video
 
     folder = str(qwen3_family.target.model.name_or_path)
-    code, out = dry_run(capsys, f"pretrained={folder},method=vanilla,video_rule=lmms_eval")
+    video = tmp_path / "v.mp4"
+    write_mp4(video, 40, 12.5, 64, 96, seed=1)  # 40 frames at 12.5 fps: indices and native rate both matter
+    code, out = dry_run(capsys, f"pretrained={folder},method=vanilla,video_rule=lmms_eval", str(video))
     line = next(l for l in out.splitlines() if "chat template pretrained=" in l)
     assert line.startswith("OK") and "renders a video" in line, out
+    # the same video as a loaded backend gets it (timestamps from its original indices)
+    backend = load_backend(folder, video_rule="lmms_eval")
+    inputs = backend.prepare("Describe the video.", [load_video(video, plan=backend.frame_plan(None, None)).request()])
+    assert f"{inputs.num_visual_tokens} visual tokens, {inputs.input_ids.shape[1]} prompt tokens" in line
     (tmp_path / "config.json").write_text(json.dumps({**Qwen3_5Config().to_dict(), "model_type": "qwen3_5"}))
     _, out = dry_run(capsys, f"pretrained={tmp_path},method=vanilla")
     assert "Gated DeltaNet" in out
