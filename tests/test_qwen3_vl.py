@@ -277,3 +277,13 @@ def test_dry_run_counts_a_qwen3_vl_prompt_and_names_qwen3_5s_reason(qwen3_family
     (tmp_path / "config.json").write_text(json.dumps({**Qwen3_5Config().to_dict(), "model_type": "qwen3_5"}))
     _, out = dry_run(capsys, f"pretrained={tmp_path},method=vanilla")
     assert "Gated DeltaNet" in out
+
+
+def test_qwen_vl_utils_rule_resizes_once_with_32_px_tokens(qwen3_family):
+    from lvspec_eval.backends.qwen_vision import frame_size, smart_resize
+
+    cfg = load_backend(str(qwen3_family.target.model.name_or_path), video_rule="qwen_vl_utils").preprocess
+    assert (cfg.factor, cfg.min_pixels, cfg.max_pixels, cfg.processor_pixels) == (32, 128 * 32 * 32, 768 * 32 * 32,
+                                                                                   None)
+    cap = max(min(768 * 32 * 32, 128000 * 32 * 32 * 0.9 / 64 * 2), int(128 * 32 * 32 * 1.05))
+    assert frame_size(720, 1280, 64, cfg) == smart_resize(720, 1280, 32, 128 * 32 * 32, min(768 * 32 * 32, cap))

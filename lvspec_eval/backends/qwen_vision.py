@@ -14,6 +14,11 @@ How large a frame is depends on the video rule (frame_rules.py):
 - `qwen_vl_utils` (its defaults): min 128*28*28 per frame, the same caps; then the processor's resize
   with the checkpoint's limits (video_preprocessor_config.json, else preprocessor_config.json).
 - `fps`: the checkpoint's limits per frame (or min_pixels/max_pixels), no whole-video budget.
+
+Qwen3-VL (patch 16: factor 32, so qwen-vl-utils' token limits scale to 32 px tokens): under
+`qwen_vl_utils` its frames are not resized again (its model card and lmms-eval call the processor
+with do_resize=False); under `fps` the checkpoint's video processor limits bound the whole clip
+(frames x height x width, `clip_smart_resize`), as transformers' Qwen3-VL video processor does.
 """
 from __future__ import annotations
 
@@ -83,9 +88,9 @@ def rule_config(vision_config, video_rule: str = "fps", checkpoint_pixels: tuple
     caps = {"frame_cap_pixels": QVU_MAX_TOKENS * factor ** 2, "total_pixels": int(QVU_SEQ_LEN * factor ** 2 * 0.9)}
     if video_rule == "lmms_eval":
         rule = dict(min_pixels=LMMS_EVAL_MIN_PIXELS, max_pixels=LMMS_EVAL_MAX_PIXELS, **caps)
-    elif video_rule == "qwen_vl_utils":
+    elif video_rule == "qwen_vl_utils":  # Qwen3-VL's own recipe calls its processor with do_resize=False
         rule = dict(min_pixels=QVU_MIN_TOKENS * factor ** 2, max_pixels=QVU_MAX_TOKENS * factor ** 2,
-                    processor_pixels=checkpoint_pixels, **caps)
+                    processor_pixels=None if clip_budget else checkpoint_pixels, **caps)
     else:  # a family whose processor budgets the whole clip does so under rule fps only
         rule = dict(zip(("min_pixels", "max_pixels"), checkpoint_pixels or ()), clip_budget=clip_budget)
     return VisionPreprocessConfig(**base, video_rule=video_rule, **{**rule, **values})
