@@ -1,6 +1,6 @@
 """What every model family shares: the decode state, tree-masked forwards and cache operations.
 
-A family backend (qwen2_5_vl.py, llava_onevision.py) supplies only what differs: how a prompt
+A family backend (qwen2_5_vl.py, qwen3_vl.py, llava_onevision.py) supplies only what differs: how a prompt
 and its video become model inputs, which positions a token at a given sequence index gets, and
 where the language model's layers are. Everything the decoding loop calls is defined here:
 
