@@ -52,6 +52,16 @@ def spread_floored(num_frames: int, count: int) -> np.ndarray:
     return np.linspace(0, num_frames - 1, count, dtype=int).astype(np.int64)
 
 
+def thin_out(count: int, limit: int) -> np.ndarray:
+    """lmms-eval's simple qwen2_5_vl, after qwen-vl-utils sampled `count` frames: positions
+    `np.unique(np.linspace(0, count - 1, limit, dtype=int))`, the last one always kept (unique, so
+    a count below `limit` keeps every frame). count=10, limit=4 -> [0, 3, 6, 9]."""
+    keep = np.unique(np.linspace(0, count - 1, limit, dtype=int))
+    if count - 1 not in keep:
+        keep = np.unique(np.append(keep, count - 1))
+    return keep.astype(np.int64)
+
+
 # ---- how many frames --------------------------------------------------------------------------
 
 def fps_count(num_frames: int, native_fps: float, fps: float, max_frames: int) -> int:

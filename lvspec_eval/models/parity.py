@@ -1,0 +1,84 @@
+"""What lmms-eval 0.7.3's own model classes do with a request, per model family and interface.
+
+`--model lvspec` (chat class) and its simple class answer a request as the lmms-eval class of the
+same family and interface does, so that `method=vanilla` scores equal the ones users already have
+(README, "Parity with lmms-eval"; tests/test_parity.py runs those classes and ours side by side):
+
+| family, interface | lmms-eval class | the task's `until` | max_new_tokens when the task gives none |
+|---|---|---|---|
+| qwen2_5_vl, chat | models/chat/qwen2_5_vl.py | ignored | 128 |
+| qwen2_5_vl, simple | models/simple/qwen2_5_vl.py | applied to the answer, except "\\n\\n" | 32768 |
+| llava_onevision, chat | models/chat/llava_hf.py | ignored | 1024 |
+| llava_onevision, simple | models/simple/llava_hf.py | ignored | 1024 |
+
+lmms-eval hands `until=["\\n\\n"]` to every task that sets none, so a class that applied it would cut
+paragraphs and answers that begin with a blank line. Frames and pixels follow from `video_rule`
+(backends/frame_rules.py); the eos token from the tokenizer (backends/base.py stop_token_ids).
+The demo models (and `until=task`) keep the task's stop strings and a 256-token default.
+A new family adds its two rows here.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+UNTIL_MODES = ("class", "task")  # model_arg `until`
+BLANK_LINE = "\n\n"
+
+
+@dataclass(frozen=True)
+class ClassRules:
+    reference: str  # the lmms-eval class matched
+    until: str  # "ignore" | "no_blank_line" | "all": what happens to the task's stop strings
+    max_new_tokens: int  # the class's default when the task's generation_kwargs give none
+    video_fps: float | None = None  # the frame rate the class's processor assumes (None: the sampled rate)
+    # simple interface: (doc_to_text's context, number of videos) -> the prompt (text or chat messages)
+    simple_prompt: Callable[[str, int], str | list[dict]] | None = None
+
+
+def qwen_simple_prompt(context: str, num_videos: int) -> list[dict]:
+    """lmms-eval's simple qwen2_5_vl: its system prompt, then the videos and the context without `<image>`."""
+    return [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": [{"type": "video"}] * num_videos
+             + [{"type": "text", "text": context.replace("<image>", "")}]}]
+
+
+def llava_hf_simple_prompt(context: str, num_videos: int) -> list[dict]:
+    """lmms-eval's simple llava_hf: one `<video>` per video, a newline, the context, as one string turn."""
+    if num_videos and "<image>" not in context:
+        context = " ".join(["<video>"] * num_videos) + "\n" + context
+    return [{"role": "user", "content": context}]
+
+
+CLASS_RULES = {
+    ("qwen2_5_vl", "chat"): ClassRules("lmms_eval.models.chat.qwen2_5_vl.Qwen2_5_VL", "ignore", 128),
+    # no video metadata reaches its processor, which then takes transformers' default of 24 frames per second
+    ("qwen2_5_vl", "simple"): ClassRules("lmms_eval.models.simple.qwen2_5_vl.Qwen2_5_VL", "no_blank_line", 32768,
+                                         video_fps=24.0, simple_prompt=qwen_simple_prompt),
+    ("llava_onevision", "chat"): ClassRules("lmms_eval.models.chat.llava_hf.LlavaHf", "ignore", 1024),
+    ("llava_onevision", "simple"): ClassRules("lmms_eval.models.simple.llava_hf.LlavaHf", "ignore", 1024,
+                                              simple_prompt=llava_hf_simple_prompt),
+}
+TASK_RULES = ClassRules("the task's generation_kwargs", "all", 256)
+
+
+def class_rules(family: str, interface: str, until: str) -> ClassRules:
+    """The rules for a family's chat or simple class; `until=task` (and the demo) keep the task's stop strings."""
+    if until not in UNTIL_MODES:
+        raise ValueError(f"until={until!r} is not supported; expected one of {', '.join(UNTIL_MODES)}")
+    if until == "task":
+        return TASK_RULES
+    if (family, interface) not in CLASS_RULES:
+        known = ", ".join(f"{f}/{i}" for f, i in CLASS_RULES)
+        raise ValueError(f"no lmms-eval reference class is recorded for {family}/{interface} (known: {known}); "
+                         "add it to lvspec_eval/models/parity.py or pass until=task")
+    return CLASS_RULES[(family, interface)]
+
+
+def stop_strings(until: tuple[str, ...], rules: ClassRules) -> tuple[str, ...]:
+    """The stop strings a request's answer is cut at, from the task's `until`."""
+    if rules.until == "ignore":
+        return ()
+    if rules.until == "no_blank_line":
+        return tuple(s for s in until if s != BLANK_LINE)
+    return until
