@@ -63,4 +63,47 @@ def build_qwen2_5_vl(path: Path) -> None:
     processor.save_pretrained(path)
 
 
-BUILDERS = {"qwen2_5_vl": build_qwen2_5_vl}
+
+# LLaVA-OneVision's public template renders list contents only; lmms-eval's simple llava_hf hands the
+# tokenizer a string turn ("<video>\n" + context), which that template would render empty. This one
+# renders both forms the same way, so the classes can be compared on a working prompt.
+LLAVA_ONEVISION_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'video' %}<video>\n"
+    "{% elif part['type'] == 'image' %}<image>\n{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_llava_onevision(path: Path) -> None:
+    from transformers import (AutoTokenizer, LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
+                              LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor,
+                              Qwen2Config, SiglipVisionConfig)
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>", "<video>"]})
+    ids = tok.convert_tokens_to_ids
+    text = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+                       eos_token_id=tok.eos_token_id, pad_token_id=0, tie_word_embeddings=False,
+                       initializer_range=INIT_RANGE)
+    side = 56  # a 4x4 patch grid, pooled to 2x2 tokens per frame (a released 384 px SigLIP: 27x27 -> 14x14)
+    vision = SiglipVisionConfig(image_size=side, patch_size=14, hidden_size=32, intermediate_size=64,
+                                num_hidden_layers=2, num_attention_heads=2, vision_use_head=False,
+                                initializer_range=INIT_RANGE)
+    config = LlavaOnevisionConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                  image_token_index=ids("<image>"), video_token_index=ids("<video>"),
+                                  vision_feature_select_strategy="full", vision_feature_layer=-1,
+                                  initializer_range=INIT_RANGE)
+    LlavaOnevisionForConditionalGeneration(config).eval().save_pretrained(path)
+    norm = {"image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+    processor = LlavaOnevisionProcessor(
+        image_processor=LlavaOnevisionImageProcessor(size={"height": side, "width": side}, **norm),
+        video_processor=LlavaOnevisionVideoProcessor(size={"height": side, "width": side}, **norm), tokenizer=tok,
+        num_image_tokens=(side // 14) ** 2, vision_feature_select_strategy="full",
+        chat_template=LLAVA_ONEVISION_TEMPLATE)
+    processor.save_pretrained(path)
+
+
+BUILDERS = {"qwen2_5_vl": build_qwen2_5_vl, "llava_onevision": build_llava_onevision}

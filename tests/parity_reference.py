@@ -51,7 +51,7 @@ def build_checkpoint(spec: dict) -> None:
 CLASSES = {  # family -> kind -> (module, class, model_args)
     "qwen2_5_vl": {"chat": ("lmms_eval.models.chat.qwen2_5_vl", "Qwen2_5_VL", {"device_map": "cpu"}),
                    "simple": ("lmms_eval.models.simple.qwen2_5_vl", "Qwen2_5_VL", {"device_map": "cpu"})},
-    "llava_onevision": {"simple": ("lmms_eval.models.simple.llava_hf", "LlavaHf", {"dtype": "bfloat16"})},
+    "llava_onevision": {"simple": ("lmms_eval.models.simple.llava_hf", "LlavaHf", {"device_map": "cpu"})},
 }
 
 

@@ -30,9 +30,8 @@ import pytest
 import torch
 from lmms_eval.api.instance import Instance
 
+from lvspec_eval.backends import qwen_vision, siglip_vision
 from lvspec_eval.backends.frame_rules import thin_out
-from lvspec_eval.backends.pixels import resize_qwen_vl_utils
-from lvspec_eval.backends.qwen_vision import preprocess_video
 
 pytestmark = pytest.mark.slow
 
@@ -45,23 +44,32 @@ UNTIL = ["\n\n", "e"]  # lmms-eval's default blank line, and a letter most answe
 
 @dataclass(frozen=True)
 class FamilyCase:
-    interfaces: tuple[str, ...]
-    frames: callable  # (reference record, interface) -> the frames lmms-eval's class resized, float [T, 3, H, W]
-    ours_frames: callable  # (our uint8 frames [T, H, W, 3], height, width) -> the same, ours
-    ours_pixels: callable  # (our backend, our uint8 frames, their fps) -> float32 pixel values, before any cast
+    interfaces: tuple[str, ...]  # lmms-eval's classes that run here
+    dtype: str  # what the class loads the model in (ours is told the same)
+    pixels: callable  # (our backend, our uint8 frames [T, H, W, 3], their fps) -> float32 pixel values
+    context: str = "what colour is the ball"  # the simple interface's doc_to_text
 
 
-def qwen_reference_frames(record: dict, interface: str) -> torch.Tensor:
-    frames = record["qvu_frames"]
-    return frames[thin_out(len(frames), 32)] if interface == "simple" else frames
+def thinned(ref: dict, interface: str) -> np.ndarray:
+    """The frames decord handed lmms-eval's class (the simple qwen2_5_vl keeps at most 32 of them)."""
+    frames = ref["decord_frames"][-1]
+    return frames[thin_out(len(frames), 32)] if interface == "simple" and "qvu_frames" in ref else frames
 
 
 def qwen_pixels(backend, frames: np.ndarray, fps: float) -> torch.Tensor:
-    return preprocess_video(frames, fps, backend.preprocess).pixel_values
+    return qwen_vision.preprocess_video(frames, fps, backend.preprocess).pixel_values
+
+
+def llava_pixels(backend, frames: np.ndarray, fps: float) -> torch.Tensor:
+    return siglip_vision.preprocess_video(frames, backend.preprocess)
 
 
 FAMILIES = {
-    "qwen2_5_vl": FamilyCase(("chat", "simple"), qwen_reference_frames, resize_qwen_vl_utils, qwen_pixels),
+    # the classes force bfloat16; the simple one drops `<image>` from the context
+    "qwen2_5_vl": FamilyCase(("chat", "simple"), "bfloat16", qwen_pixels, "<image>what colour is the ball"),
+    # llava_hf's chat class hands the video paths to transformers' processor, which decodes every frame
+    # with torchcodec (not installable here); its simple class samples 32 frames with decord
+    "llava_onevision": FamilyCase(("simple",), "float32", llava_pixels),  # dtype=auto: the checkpoint's
 }
 CASES = [(f, i) for f, case in FAMILIES.items() for i in case.interfaces]
 
@@ -120,29 +128,29 @@ def checkpoints(parity_deps, tmp_path_factory) -> dict[str, Path]:
 
 # ---- one request through both classes --------------------------------------------------------------
 
-def doc_for(interface: str, video: Path) -> dict:
+def doc_for(interface: str, video: Path, context: str) -> dict:
     if interface == "chat":
         return {"messages": [
             {"role": "system", "content": [{"type": "text", "text": "Answer briefly."}]},
             {"role": "user", "content": [{"type": "text", "text": "Look at this:"}, {"type": "video", "url": str(video)},
                                          {"type": "text", "text": "what colour is the ball"},
                                          {"type": "text", "text": " and the square?"}]}]}
-    return {"context": "<image>what colour is the ball", "video": str(video)}
+    return {"context": context, "video": str(video)}
 
 
-def instance(interface: str, gen_kwargs: dict) -> Instance:
+def instance(interface: str, gen_kwargs: dict, doc: dict) -> Instance:
     if interface == "chat":
         args = ("ctx", lambda d: d["messages"], dict(gen_kwargs), 0, "parity", "test")
     else:
-        args = ("<image>what colour is the ball", dict(gen_kwargs), lambda d: [d["video"]], 0, "parity", "test")
+        args = (doc["context"], dict(gen_kwargs), lambda d: [d["video"]], 0, "parity", "test")
     return Instance("generate_until", args, 0, {"task": "parity", "doc_id": 0, "repeats": 1})
 
 
-def run_ours(interface: str, checkpoint: Path, doc: dict, gen_kwargs: dict) -> dict:
+def run_ours(interface: str, checkpoint: Path, doc: dict, gen_kwargs: dict, dtype: str) -> dict:
     from lvspec_eval.models.lvspec import LVSpecChat, LVSpecSimple
 
     cls = LVSpecChat if interface == "chat" else LVSpecSimple
-    lm = cls(pretrained=str(checkpoint), device="cpu", dtype="bfloat16", method="vanilla")
+    lm = cls(pretrained=str(checkpoint), device="cpu", dtype=dtype, method="vanilla")
     lm.task_dict = {"parity": {"test": [doc]}}
     record: dict = {}
     prepare, generate = lm.runner.target.prepare, lm.runner.generate
@@ -156,30 +164,30 @@ def run_ours(interface: str, checkpoint: Path, doc: dict, gen_kwargs: dict) -> d
         return record["generation"]
 
     lm.runner.target.prepare, lm.runner.generate = capture_prepare, capture_generate
-    record["text"] = lm.generate_until([instance(interface, gen_kwargs)])[0].text
-    record["backend"] = lm.runner.target
+    record["text"] = lm.generate_until([instance(interface, gen_kwargs, doc)])[0].text
+    record["backend"], record["rules"] = lm.runner.target, lm.rules
     return record
 
 
 @pytest.mark.parametrize("family,interface", CASES)
 def test_vanilla_matches_lmms_eval_class(family, interface, checkpoints, parity_deps, video_file, tmp_path):
     gen_kwargs = {"until": UNTIL, "max_new_tokens": 24}
-    doc = doc_for(interface, video_file)
+    doc = doc_for(interface, video_file, FAMILIES[family].context)
     spec = {"deps": str(parity_deps), "family": family, "kind": interface, "checkpoint": str(checkpoints[family]),
             "out": str(tmp_path / "reference.pt"), "gen_kwargs": gen_kwargs, "doc": doc}
     run_reference(spec, tmp_path)
     ref = torch.load(tmp_path / "reference.pt", weights_only=False)
-    ours = run_ours(interface, checkpoints[family], doc, gen_kwargs)
-    hf, inputs = ref["generate_kwargs"], ours["inputs"]
     case = FAMILIES[family]
+    ours = run_ours(interface, checkpoints[family], doc, gen_kwargs, case.dtype)
+    hf, inputs = ref["generate_kwargs"], ours["inputs"]
 
-    # frames: what the reference's video reader decoded, resized by its pipeline, and ours
-    theirs = case.frames(ref, interface)
-    mine = case.ours_frames(ours["frames"], *theirs.shape[-2:])
-    assert mine.shape == theirs.shape and torch.equal(mine, theirs)
+    # frames: decord's (lmms-eval's reader) and PyAV's (ours), and which of them were kept
+    theirs = thinned(ref, interface)
+    assert ours["frames"].shape == theirs.shape and np.array_equal(ours["frames"], theirs)
     # pixel values (float32, before the model's cast) and the visual inputs beside them
-    assert torch.equal(case.ours_pixels(ours["backend"], ours["frames"], ours["fps"]), hf["pixel_values_videos"])
-    assert torch.equal(inputs.model_kwargs["pixel_values_videos"], hf["pixel_values_videos"].to(torch.bfloat16))
+    assert torch.equal(case.pixels(ours["backend"], ours["frames"], ours["fps"]), hf["pixel_values_videos"])
+    dtype = inputs.model_kwargs["pixel_values_videos"].dtype
+    assert torch.equal(inputs.model_kwargs["pixel_values_videos"], hf["pixel_values_videos"].to(dtype))
     for key in ("video_grid_thw", "second_per_grid_ts"):
         if key in hf:
             assert torch.equal(inputs.model_kwargs[key].float(), hf[key].float()), key
@@ -191,6 +199,6 @@ def test_vanilla_matches_lmms_eval_class(family, interface, checkpoints, parity_
     eos = ours["backend"].tokenizer.eos_token_id
     expected = new[: new.index(eos)] if eos in new else new
     mine = ours["generation"].tokens
-    # the chat classes ignore `until`: every token; the simple class cuts the answer's text, where we stop
-    assert mine == expected if interface == "chat" else mine == expected[: len(mine)]
+    # a class that ignores `until` gives every token; qwen's simple class cuts the text, where we stop
+    assert mine == expected if ours["rules"].until == "ignore" else mine == expected[: len(mine)]
     assert ours["text"] == ref["text"]
