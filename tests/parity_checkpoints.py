@@ -105,5 +105,3 @@ def build_llava_onevision(path: Path) -> None:
         chat_template=LLAVA_ONEVISION_TEMPLATE)
     processor.save_pretrained(path)
 
-
-BUILDERS = {"qwen2_5_vl": build_qwen2_5_vl, "llava_onevision": build_llava_onevision}

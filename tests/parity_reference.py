@@ -13,12 +13,13 @@ the test process:
 - decord (pinned, the same folder): lmms-eval's classes read videos with it (a real build, it imports).
 - qwen-vl-utils is installed with lmms-eval; it imports torchvision, so it only imports here.
 
-The spec (JSON) names the family, the class (`chat` or `simple`), the checkpoint folder, the task's doc
-(messages for chat, context + video for simple) and gen_kwargs. With `"build": true` the script first
+The spec (JSON) names lmms-eval's class (module, name, model_args), its interface (`kind`: `chat` or
+`simple`), the checkpoint folder, the task's doc (messages for chat, context + video for simple) and
+gen_kwargs. With `"build": true` the script instead
 writes a tiny random checkpoint in the family's public folder layout (weights, tokenizer, processor
 configs, chat template), which only a torchvision install can save. What it records (torch.save):
-the frames lmms-eval's video reader gave the processor, and the processor's output, the 3-D/1-D
-position ids of the prefill, the generated tokens and the answer text.
+the frames lmms-eval's video reader (decord) decoded, the inputs the class handed to generate() (the
+processor's output), the position ids of the prefill, the generated tokens and the answer text.
 """
 from __future__ import annotations
 
@@ -37,30 +38,24 @@ def bootstrap(deps: str) -> None:
 # ---- checkpoints in the families' public layouts -----------------------------------------------
 
 def build_checkpoint(spec: dict) -> None:
+    """spec["builder"]: the name of a function of parity_checkpoints.py (test_parity.FAMILIES)."""
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import parity_checkpoints as pc
+    import parity_checkpoints
 
     torch.manual_seed(spec.get("seed", 0))
-    pc.BUILDERS[spec["family"]](Path(spec["checkpoint"]))
+    getattr(parity_checkpoints, spec["builder"])(Path(spec["checkpoint"]))
 
 
 # ---- lmms-eval's classes ---------------------------------------------------------------------------
 
-CLASSES = {  # family -> kind -> (module, class, model_args)
-    "qwen2_5_vl": {"chat": ("lmms_eval.models.chat.qwen2_5_vl", "Qwen2_5_VL", {"device_map": "cpu"}),
-                   "simple": ("lmms_eval.models.simple.qwen2_5_vl", "Qwen2_5_VL", {"device_map": "cpu"})},
-    "llava_onevision": {"simple": ("lmms_eval.models.simple.llava_hf", "LlavaHf", {"device_map": "cpu"})},
-}
-
-
 def make_class(spec: dict):
+    """spec["reference"]: [module, class name, extra model_args] of the lmms-eval class (test_parity.FAMILIES)."""
     import importlib
 
-    module, name, extra = CLASSES[spec["family"]][spec["kind"]]
-    cls = getattr(importlib.import_module(module), name)
-    return cls(pretrained=spec["checkpoint"], device="cpu", **extra)
+    module, name, extra = spec["reference"]
+    return getattr(importlib.import_module(module), name)(pretrained=spec["checkpoint"], device="cpu", **extra)
 
 
 def record_model_calls(model, record: dict) -> None:
@@ -97,25 +92,6 @@ def record_frames(record: dict) -> None:
     decord.VideoReader.get_batch = wrapped
 
 
-def record_qwen_frames(record: dict) -> None:
-    """qwen-vl-utils' resized frames (float, integer-valued) as the class's processor receives them."""
-    import lmms_eval.models.chat.qwen2_5_vl as chat
-    import lmms_eval.models.simple.qwen2_5_vl as simple
-
-    for module in (chat, simple):
-        original = module.process_vision_info
-
-        def wrapped(*args, _original=original, **kwargs):
-            out = _original(*args, **kwargs)
-            videos = out[1]
-            if videos is not None:
-                first = videos[0][0] if isinstance(videos[0], tuple) else videos[0]
-                record["qvu_frames"] = first.detach().clone()
-            return out
-
-        module.process_vision_info = wrapped
-
-
 def request(spec: dict):
     from lmms_eval.api.instance import Instance
 
@@ -134,8 +110,6 @@ def run(spec: dict) -> dict:
     torch.set_num_threads(1)
     record: dict = {}
     record_frames(record)
-    if spec["family"] == "qwen2_5_vl":
-        record_qwen_frames(record)
     lm = make_class(spec)
     record_model_calls(lm.model, record)
     lm.task_dict = {"parity": {"test": [spec["doc"]]}}

@@ -14,7 +14,8 @@ pinned wheels below are unpacked with `pip install --no-deps --target .cache/par
 `torchvision._meta_registrations`, is replaced by an empty module in that subprocess only; everything
 the classes call is torchvision's own pure-Python code. Nothing is installed into the environment.
 
-A new family adds one entry to FAMILIES (and its checkpoint builder in tests/parity_checkpoints.py).
+A new family (Qwen3-VL: lmms-eval's chat `qwen3_vl`) adds one entry to FAMILIES: its checkpoint builder
+(a function in tests/parity_checkpoints.py), lmms-eval's classes, their dtype and our pixel function.
 """
 from __future__ import annotations
 
@@ -44,16 +45,17 @@ UNTIL = ["\n\n", "e"]  # lmms-eval's default blank line, and a letter most answe
 
 @dataclass(frozen=True)
 class FamilyCase:
-    interfaces: tuple[str, ...]  # lmms-eval's classes that run here
+    builder: str  # the function of tests/parity_checkpoints.py that saves the tiny checkpoint
+    classes: dict  # interface (chat, simple) -> [module, class, extra model_args] of lmms-eval's class
     dtype: str  # what the class loads the model in (ours is told the same)
     pixels: callable  # (our backend, our uint8 frames [T, H, W, 3], their fps) -> float32 pixel values
     context: str = "what colour is the ball"  # the simple interface's doc_to_text
+    kept: callable = lambda frames, interface: frames  # which of the frames decord read the class keeps
 
 
-def thinned(ref: dict, interface: str) -> np.ndarray:
-    """The frames decord handed lmms-eval's class (the simple qwen2_5_vl keeps at most 32 of them)."""
-    frames = ref["decord_frames"][-1]
-    return frames[thin_out(len(frames), 32)] if interface == "simple" and "qvu_frames" in ref else frames
+def qwen_kept(frames: np.ndarray, interface: str) -> np.ndarray:
+    """lmms-eval's simple qwen2_5_vl keeps at most 32 of the frames qwen-vl-utils read."""
+    return frames[thin_out(len(frames), 32)] if interface == "simple" else frames
 
 
 def qwen_pixels(backend, frames: np.ndarray, fps: float) -> torch.Tensor:
@@ -64,14 +66,18 @@ def llava_pixels(backend, frames: np.ndarray, fps: float) -> torch.Tensor:
     return siglip_vision.preprocess_video(frames, backend.preprocess)
 
 
+QWEN_CLASSES = {"chat": ["lmms_eval.models.chat.qwen2_5_vl", "Qwen2_5_VL", {"device_map": "cpu"}],
+                "simple": ["lmms_eval.models.simple.qwen2_5_vl", "Qwen2_5_VL", {"device_map": "cpu"}]}
+# llava_hf's chat class hands the video paths to transformers' processor, which decodes every frame with
+# torchcodec (not installable here); its simple class samples 32 frames with decord
+LLAVA_CLASSES = {"simple": ["lmms_eval.models.simple.llava_hf", "LlavaHf", {"device_map": "cpu"}]}
 FAMILIES = {
     # the classes force bfloat16; the simple one drops `<image>` from the context
-    "qwen2_5_vl": FamilyCase(("chat", "simple"), "bfloat16", qwen_pixels, "<image>what colour is the ball"),
-    # llava_hf's chat class hands the video paths to transformers' processor, which decodes every frame
-    # with torchcodec (not installable here); its simple class samples 32 frames with decord
-    "llava_onevision": FamilyCase(("simple",), "float32", llava_pixels),  # dtype=auto: the checkpoint's
+    "qwen2_5_vl": FamilyCase("build_qwen2_5_vl", QWEN_CLASSES, "bfloat16", qwen_pixels,
+                             "<image>what colour is the ball", qwen_kept),
+    "llava_onevision": FamilyCase("build_llava_onevision", LLAVA_CLASSES, "float32", llava_pixels),  # dtype=auto
 }
-CASES = [(f, i) for f, case in FAMILIES.items() for i in case.interfaces]
+CASES = [(f, i) for f, case in FAMILIES.items() for i in case.classes]
 
 
 # ---- fixtures ------------------------------------------------------------------------------------
@@ -121,8 +127,8 @@ def checkpoints(parity_deps, tmp_path_factory) -> dict[str, Path]:
     out = {}
     for family in FAMILIES:
         out[family] = root / family
-        run_reference({"deps": str(parity_deps), "build": True, "family": family, "checkpoint": str(out[family])},
-                      root)
+        run_reference({"deps": str(parity_deps), "build": True, "builder": FAMILIES[family].builder,
+                       "checkpoint": str(out[family])}, root)
     return out
 
 
@@ -174,6 +180,7 @@ def test_vanilla_matches_lmms_eval_class(family, interface, checkpoints, parity_
     gen_kwargs = {"until": UNTIL, "max_new_tokens": 24}
     doc = doc_for(interface, video_file, FAMILIES[family].context)
     spec = {"deps": str(parity_deps), "family": family, "kind": interface, "checkpoint": str(checkpoints[family]),
+            "reference": FAMILIES[family].classes[interface],
             "out": str(tmp_path / "reference.pt"), "gen_kwargs": gen_kwargs, "doc": doc}
     run_reference(spec, tmp_path)
     ref = torch.load(tmp_path / "reference.pt", weights_only=False)
@@ -182,7 +189,7 @@ def test_vanilla_matches_lmms_eval_class(family, interface, checkpoints, parity_
     hf, inputs = ref["generate_kwargs"], ours["inputs"]
 
     # frames: decord's (lmms-eval's reader) and PyAV's (ours), and which of them were kept
-    theirs = thinned(ref, interface)
+    theirs = case.kept(ref["decord_frames"][-1], interface)
     assert ours["frames"].shape == theirs.shape and np.array_equal(ours["frames"], theirs)
     # pixel values (float32, before the model's cast) and the visual inputs beside them
     assert torch.equal(case.pixels(ours["backend"], ours["frames"], ours["fps"]), hf["pixel_values_videos"])

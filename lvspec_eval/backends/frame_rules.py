@@ -5,7 +5,8 @@ and how large each frame is; this module holds the frame half, the pixel half li
 family (qwen_vision.py, siglip_vision.py). The rules:
 
 - `lmms_eval`: what lmms-eval 0.7.3's own model class for the family does, so that
-  `--model lvspec` scores compare with `--model qwen2_5_vl` / `--model llava_onevision` ones.
+  `--model lvspec` scores compare with `--model qwen2_5_vl` / `--model llava_hf` ones (Qwen2.5-VL's
+  chat and simple classes sample differently; models/parity.py, tests/test_parity.py).
 - `qwen_vl_utils`: qwen-vl-utils 0.0.14's defaults (`fetch_video` without arguments): 2 frames per
   second, at least 4, at most 768, an even count. Qwen2.5-VL only.
 - `fps`: this project's own rule, which the demo models were trained with: `fps` frames per second,
