@@ -9,6 +9,7 @@ Qwen's special tokens): every prompt and answer still goes through the real temp
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "lvspec_eval" / "demo" / "checkpoints" / "tokenizer"
@@ -64,15 +65,16 @@ def build_qwen2_5_vl(path: Path) -> None:
 
 
 
-# LLaVA-OneVision's public template renders list contents only; lmms-eval's simple llava_hf hands the
-# tokenizer a string turn ("<video>\n" + context), which that template would render empty. This one
-# renders both forms the same way, so the classes can be compared on a working prompt.
+# LLaVA-OneVision's public processor template (transformers' own LLaVA-OneVision processor tests use it)
 LLAVA_ONEVISION_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-    "{% for part in message['content'] %}{% if part['type'] == 'video' %}<video>\n"
-    "{% elif part['type'] == 'image' %}<image>\n{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}{# Render all images first #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>' }}{% endfor %}"
+    "{# Render all video then #}{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
+    "{{ '<video>' }}{% endfor %}{# Render all text next #}{% if message['role'] != 'assistant' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ '\\n' + content['text'] }}"
+    "{% endfor %}{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ '\\n' + content['text'] }}{% endgeneration %}{% endfor %}{% endif %}{{'<|im_end|>'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
 
@@ -83,6 +85,7 @@ def build_llava_onevision(path: Path) -> None:
 
     tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
     tok.add_special_tokens({"additional_special_tokens": ["<image>", "<video>"]})
+    tok.chat_template = None  # the demo tokenizer's own
     ids = tok.convert_tokens_to_ids
     text = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
@@ -104,4 +107,9 @@ def build_llava_onevision(path: Path) -> None:
         num_image_tokens=(side // 14) ** 2, vision_feature_select_strategy="full",
         chat_template=LLAVA_ONEVISION_TEMPLATE)
     processor.save_pretrained(path)
+    # the legacy layout: the processor's template in chat_template.json, none in the tokenizer (lmms-eval's
+    # simple llava_hf then renders with its Vicuna fallback, ours must too)
+    template = (path / "chat_template.jinja").read_text()
+    (path / "chat_template.jinja").unlink()
+    (path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
 

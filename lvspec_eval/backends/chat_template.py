@@ -21,12 +21,19 @@ PROBE_PROMPT = "Describe the video."
 
 
 def load_tokenizer(path: str, **kwargs):
-    """AutoTokenizer.from_pretrained(path), with the processor's chat template where it differs."""
+    """AutoTokenizer.from_pretrained(path), with the processor's chat template where it differs. The
+    tokenizer's own template (None without one) stays in `own_chat_template`: lmms-eval's simple llava_hf
+    renders with it (models/parity.py)."""
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    tokenizer.own_chat_template = tokenizer.chat_template
     template = processor_chat_template(path, **kwargs)
     if template is not None:
         tokenizer.chat_template = template
     return tokenizer
+
+
+class RenderedPrompt(str):
+    """A prompt already rendered with a chat template (generation prompt included): tokenized as it is."""
 
 
 def processor_chat_template(path: str, **kwargs) -> str | None:
@@ -92,7 +99,10 @@ def chat_messages(prompt: str | list[dict], num_videos: int) -> list[dict]:
 
 
 def render_chat(tokenizer, prompt: str | list[dict], num_videos: int) -> list[int]:
-    """Token ids of the request rendered with the checkpoint's chat template, generation prompt added."""
+    """Token ids of the request rendered with the checkpoint's chat template, generation prompt added
+    (a RenderedPrompt is tokenized as it is)."""
+    if isinstance(prompt, RenderedPrompt):
+        return tokenizer(str(prompt), add_special_tokens=False).input_ids
     text = tokenizer.apply_chat_template(chat_messages(prompt, num_videos), add_generation_prompt=True,
                                          tokenize=False)
     return tokenizer(text, add_special_tokens=False).input_ids

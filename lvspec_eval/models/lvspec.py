@@ -217,7 +217,7 @@ class LVSpecSimple(_LVSpecModel):
         paths = [video_path(v) for v in visuals]
         if self.rules.simple_prompt is None:  # until=task (the demo): the context, after the videos
             return info.context, paths
-        return self.rules.simple_prompt(info.context, len(paths)), paths
+        return self.rules.simple_prompt(info.context, len(paths), self.runner.tokenizer), paths
 
 
 # ---- helpers ---------------------------------------------------------------------------------------

@@ -22,8 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..backends.chat_template import RenderedPrompt
+
 UNTIL_MODES = ("class", "task")  # model_arg `until`
 BLANK_LINE = "\n\n"
+# lmms-eval 0.7.3 models/simple/llava_hf.py: the template it falls back to when the tokenizer has none
+VICUNA_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.index0 == 0 %}A chat between a curious user and an artificial "
+    "intelligence assistant. The assistant gives helpful, detailed, and polite answers to the user's questions. "
+    "USER: {{ message['content'] }} {% elif message['role'] == 'user' %}USER: {{ message['content'] }} {% else %} "
+    "ASSISTANT: {{ message['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")
 
 
 @dataclass(frozen=True)
@@ -32,22 +41,27 @@ class ClassRules:
     until: str  # "ignore" | "no_blank_line" | "all": what happens to the task's stop strings
     max_new_tokens: int  # the class's default when the task's generation_kwargs give none
     video_fps: float | None = None  # the frame rate the class's processor assumes (None: the sampled rate)
-    # simple interface: (doc_to_text's context, number of videos) -> the prompt (text or chat messages)
-    simple_prompt: Callable[[str, int], str | list[dict]] | None = None
+    # simple interface: (doc_to_text's context, number of videos, tokenizer) -> the prompt (chat messages,
+    # or a RenderedPrompt)
+    simple_prompt: Callable[[str, int, object], list[dict] | RenderedPrompt] | None = None
 
 
-def qwen_simple_prompt(context: str, num_videos: int) -> list[dict]:
+def qwen_simple_prompt(context: str, num_videos: int, tokenizer=None) -> list[dict]:
     """lmms-eval's simple qwen2_5_vl: its system prompt, then the videos and the context without `<image>`."""
     return [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": [{"type": "video"}] * num_videos
              + [{"type": "text", "text": context.replace("<image>", "")}]}]
 
 
-def llava_hf_simple_prompt(context: str, num_videos: int) -> list[dict]:
-    """lmms-eval's simple llava_hf: one `<video>` per video, a newline, the context, as one string turn."""
+def llava_hf_simple_prompt(context: str, num_videos: int, tokenizer) -> RenderedPrompt:
+    """lmms-eval's simple llava_hf: one `<video>` per video, a newline, the context, as one string turn,
+    rendered with the tokenizer's own chat template (not the processor's chat_template.json), or without
+    one, lmms-eval's Vicuna template."""
     if num_videos and "<image>" not in context:
         context = " ".join(["<video>"] * num_videos) + "\n" + context
-    return [{"role": "user", "content": context}]
+    template = getattr(tokenizer, "own_chat_template", None) or VICUNA_CHAT_TEMPLATE
+    return RenderedPrompt(tokenizer.apply_chat_template([{"role": "user", "content": context}], chat_template=template,
+                                                        add_generation_prompt=True, tokenize=False))
 
 
 CLASS_RULES = {
