@@ -125,13 +125,16 @@ def stop_token_ids(model, tokenizer) -> set[int]:
 class Backend:
     """Base class; subclasses implement `prepare`, `_visual_embeds`, `position_ids`, `text_model`."""
 
-    family = ""  # the checkpoint's model_type (models/parity.py keys lmms-eval's classes on it)
-
     def __init__(self, model, tokenizer, device: torch.device | str = "cpu"):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.eos_token_ids = stop_token_ids(model, tokenizer)
+
+    @property
+    def family(self) -> str:
+        """The checkpoint's model_type (models/parity.py keys lmms-eval's classes on it)."""
+        return self.model.config.model_type
 
     # ---- family hooks -------------------------------------------------------------------------
     def prepare(self, prompt: str, videos: list) -> PreparedInputs:

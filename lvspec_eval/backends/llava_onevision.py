@@ -30,7 +30,6 @@ OVERRIDE_KEYS = ("image_mean", "image_std", "video_rule")
 
 
 class LlavaOnevisionBackend(Backend):
-    family = "llava_onevision"
 
     def __init__(self, model, tokenizer, device="cpu", preprocess: SiglipPreprocessConfig | None = None):
         super().__init__(model, tokenizer, device)

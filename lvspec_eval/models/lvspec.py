@@ -199,8 +199,10 @@ class LVSpecChat(_LVSpecModel):
         return RequestInfo(context, gen_kwargs, doc_id, task, split, doc_to_messages)
 
     def _prompt_and_videos(self, info: RequestInfo) -> tuple[list[dict], list[str]]:
-        messages = call_task_function(info.build, self._doc(info))
-        return messages_to_prompt(ChatMessages(messages=messages))
+        messages, paths = messages_to_prompt(ChatMessages(messages=call_task_function(info.build, self._doc(info))))
+        if self.rules.chat_system_prompt is not None:  # e.g. lmms-eval's chat qwen3_vl
+            messages = [{"role": "system", "content": [{"type": "text", "text": self.rules.chat_system_prompt}]}] + messages
+        return messages, paths
 
 
 class LVSpecSimple(_LVSpecModel):

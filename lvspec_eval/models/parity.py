@@ -8,6 +8,8 @@ same family and interface does, so that `method=vanilla` scores equal the ones u
 |---|---|---|---|
 | qwen2_5_vl, chat | models/chat/qwen2_5_vl.py | ignored | 128 |
 | qwen2_5_vl, simple | models/simple/qwen2_5_vl.py | applied to the answer, except "\\n\\n" | 32768 |
+| qwen3_vl, chat | models/chat/qwen3_vl.py (adds its system turn) | ignored | 128 |
+| qwen3_vl, simple | models/simple/qwen3_vl.py | applied to the answer, except "\\n\\n" | 128 |
 | llava_onevision, chat | models/chat/llava_hf.py | ignored | 1024 |
 | llava_onevision, simple | models/simple/llava_hf.py | ignored | 1024 |
 
@@ -41,6 +43,7 @@ class ClassRules:
     until: str  # "ignore" | "no_blank_line" | "all": what happens to the task's stop strings
     max_new_tokens: int  # the class's default when the task's generation_kwargs give none
     video_fps: float | None = None  # the frame rate the class's processor assumes (None: the sampled rate)
+    chat_system_prompt: str | None = None  # chat interface: a system turn the class puts before the task's turns
     # simple interface: (doc_to_text's context, number of videos, tokenizer) -> the prompt (chat messages,
     # or a RenderedPrompt)
     simple_prompt: Callable[[str, int, object], list[dict] | RenderedPrompt] | None = None
@@ -69,6 +72,11 @@ CLASS_RULES = {
     # no video metadata reaches its processor, which then takes transformers' default of 24 frames per second
     ("qwen2_5_vl", "simple"): ClassRules("lmms_eval.models.simple.qwen2_5_vl.Qwen2_5_VL", "no_blank_line", 32768,
                                          video_fps=24.0, simple_prompt=qwen_simple_prompt),
+    # Qwen3-VL (backends/qwen3_vl.py): its chat class inserts its system prompt before the task's turns
+    ("qwen3_vl", "chat"): ClassRules("lmms_eval.models.chat.qwen3_vl.Qwen3_VL", "ignore", 128,
+                                     chat_system_prompt="You are a helpful assistant."),
+    ("qwen3_vl", "simple"): ClassRules("lmms_eval.models.simple.qwen3_vl.Qwen3_VL", "no_blank_line", 128,
+                                       simple_prompt=qwen_simple_prompt),
     ("llava_onevision", "chat"): ClassRules("lmms_eval.models.chat.llava_hf.LlavaHf", "ignore", 1024),
     ("llava_onevision", "simple"): ClassRules("lmms_eval.models.simple.llava_hf.LlavaHf", "ignore", 1024,
                                               simple_prompt=llava_hf_simple_prompt),
