@@ -687,8 +687,9 @@ def register(subparsers) -> None:
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence of the retention interval")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline", default="vanilla", help="the method every row is compared with")
-    p.add_argument("--baseline-run", type=Path, metavar="DIR", help="a run of lmms-eval's own model class "
-                   "(--output_path with --log_samples): the quality baseline, row `lmms-eval`; speed stays against vanilla")
+    p.add_argument("--baseline-run", type=Path, metavar="DIR",
+                   help="a run of lmms-eval's own model class (--output_path with --log_samples): the quality "
+                   "baseline, row `lmms-eval`; speed stays against vanilla")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs (tables and summary.json only)")
     p.add_argument(
         "--length-tasks",

@@ -22,7 +22,8 @@ def write_reference_run(root: Path, tasks: tuple[str, ...] = (MC,)) -> Path:
                "config": {"model": "qwen2_5_vl", "model_args": "pretrained=Qwen/Qwen2.5-VL-7B-Instruct"}}
     (model_dir / f"{DATE}_results.json").write_text(json.dumps(results))
     for task in tasks:
-        lines = [{"doc_id": d, "target": "A", "filtered_resps": ["A"], "acc": float(v)} for d, v in enumerate(REFERENCE_MC)]
+        lines = [{"doc_id": d, "target": "A", "filtered_resps": ["A"], "acc": float(v)}
+                 for d, v in enumerate(REFERENCE_MC)]
         (model_dir / f"{DATE}_samples_{task}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return root
 

@@ -138,7 +138,8 @@ def doc_for(interface: str, video: Path, context: str) -> dict:
     if interface == "chat":
         return {"messages": [
             {"role": "system", "content": [{"type": "text", "text": "Answer briefly."}]},
-            {"role": "user", "content": [{"type": "text", "text": "Look at this:"}, {"type": "video", "url": str(video)},
+            {"role": "user", "content": [{"type": "text", "text": "Look at this:"},
+                                         {"type": "video", "url": str(video)},
                                          {"type": "text", "text": "what colour is the ball"},
                                          {"type": "text", "text": " and the square?"}]}]}
     return {"context": context, "video": str(video)}

@@ -30,7 +30,6 @@ OVERRIDE_KEYS = ("image_mean", "image_std", "video_rule")
 
 
 class LlavaOnevisionBackend(Backend):
-
     def __init__(self, model, tokenizer, device="cpu", preprocess: SiglipPreprocessConfig | None = None):
         super().__init__(model, tokenizer, device)
         vc = model.config.vision_config
@@ -63,8 +62,9 @@ class LlavaOnevisionBackend(Backend):
         return self.model.model.language_model
 
     def prepare(self, prompt: str | list[dict], videos: list) -> PreparedInputs:
-        """prompt: the user's text or chat messages (chat_template.chat_messages); videos: list of (frames uint8 [T, H, W, 3], fps). One video per prompt; fps is unused
-        (LLaVA-OneVision has no temporal positions)."""
+        """prompt: the user's text or chat messages (chat_template.chat_messages); videos: list of
+        (frames uint8 [T, H, W, 3], fps). One video per prompt; fps is unused (LLaVA-OneVision has no
+        temporal positions)."""
         if len(videos) > 1:
             raise ValueError(f"one video per prompt is supported, got {len(videos)}")
         ids = self._chat_ids(prompt, bool(videos))

@@ -23,7 +23,6 @@ from .qwen_vision import (
 
 
 class QwenVLBackend(Backend):
-
     def __init__(self, model, tokenizer, device="cpu", preprocess: VisionPreprocessConfig | None = None):
         super().__init__(model, tokenizer, device)
         vc = model.config.vision_config

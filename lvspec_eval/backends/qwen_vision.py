@@ -133,7 +133,8 @@ def frame_plan(cfg: VisionPreprocessConfig, fps: float | None, max_frames: int |
         # lmms-eval's simple class: qwen-vl-utils' defaults, then at most max_num_frames of those
         rate, limit, factor = fps or QVU_FPS, max_frames or LMMS_EVAL_MAX_FRAMES, cfg.temporal_patch_size
         return FramePlan(f"lmms_eval simple qwen2_5_vl: {rate:g} frames per second, then at most {limit}",
-                         lambda n, native: qwen_vl_utils_count(n, native, rate, QVU_MAX_FRAMES, QVU_MIN_FRAMES, factor),
+                         lambda n, native: qwen_vl_utils_count(n, native, rate, QVU_MAX_FRAMES, QVU_MIN_FRAMES,
+                                                               factor),
                          lambda n, count: spread_rounded(n, count)[thin_out(count, limit)])
     if cfg.video_rule == "lmms_eval" and fps is None:
         limit = max_frames or LMMS_EVAL_MAX_FRAMES
@@ -182,7 +183,10 @@ def resize_and_normalise(frames: np.ndarray, cfg: VisionPreprocessConfig) -> np.
     """uint8 [T, H, W, 3] -> float32 [T, 3, H', W'] resized and normalised.
 
     Rules `lmms_eval` and `qwen_vl_utils`: qwen-vl-utils' torchvision resize and the processor's fused
-    normalisation, bit for bit (pixels.py). Rule `fps`: PIL's bicubic, as the demo models were trained.
+    normalisation, bit for bit (pixels.py). Not bit for bit where the processor's own limits resize
+    qwen-vl-utils' frames a second time (rule `qwen_vl_utils` with a checkpoint budget below
+    qwen-vl-utils'): ours resizes once, to the final size. Rule `fps`: PIL's bicubic, as the demo
+    models were trained.
     """
     t, h, w, _ = frames.shape
     new_h, new_w = frame_size(h, w, t, cfg)

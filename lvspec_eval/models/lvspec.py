@@ -137,7 +137,8 @@ class _LVSpecModel(lmms):
         video = load_video(path, plan=self.frame_plan)
         return video if self.rules.video_fps is None else VideoInput(video.frames, self.rules.video_fps)
 
-    def _generate(self, prompt: str | list[dict], videos: list[VideoInput], settings: GenSettings) -> tuple[Generation, int]:
+    def _generate(self, prompt: str | list[dict], videos: list[VideoInput],
+                  settings: GenSettings) -> tuple[Generation, int]:
         if settings.sampling_ignored and not self._warned_sampling:
             logger.warning(f"lvspec: the task asks for sampling (temperature={settings.requested_temperature}); "
                            "lvspec decodes greedily only, so this run is greedy (recorded as sampling_ignored)")
@@ -200,8 +201,9 @@ class LVSpecChat(_LVSpecModel):
 
     def _prompt_and_videos(self, info: RequestInfo) -> tuple[list[dict], list[str]]:
         messages, paths = messages_to_prompt(ChatMessages(messages=call_task_function(info.build, self._doc(info))))
-        if self.rules.chat_system_prompt is not None:  # e.g. lmms-eval's chat qwen3_vl
-            messages = [{"role": "system", "content": [{"type": "text", "text": self.rules.chat_system_prompt}]}] + messages
+        system = self.rules.chat_system_prompt  # e.g. lmms-eval's chat qwen3_vl puts its own first
+        if system is not None:
+            messages = [{"role": "system", "content": [{"type": "text", "text": system}]}] + messages
         return messages, paths
 
 
