@@ -7,12 +7,13 @@ force it. The test asserts identical decoded frames, pixel values, input ids, pr
 tokens and answer text.
 
 How lmms-eval's classes run here (tests/parity_reference.py, in a subprocess): they need torchvision
-(qwen-vl-utils' resize, transformers' video processors) and decord (their video reader). The index
-only has CUDA builds of torchvision, whose C extension does not load on this CPU-only torch, so the
-pinned wheels below are unpacked with `pip install --no-deps --target .cache/parity-deps` (by
-`make parity-deps`, or by this test on first use) and the one module that fails,
-`torchvision._meta_registrations`, is replaced by an empty module in that subprocess only; everything
-the classes call is torchvision's own pure-Python code. Nothing is installed into the environment.
+(qwen-vl-utils' resize, transformers' video processors) and decord (their video reader), which the
+project's environment leaves out: the package index only has CUDA builds of torchvision, whose C
+extension does not load on this CPU-only torch. So this test, on first use, unpacks the pinned wheels
+below with `pip install --no-deps --target .cache/parity-deps` (git ignores the folder; nothing is
+installed into the environment), and the subprocess puts that folder on its path and replaces the one
+module that fails, `torchvision._meta_registrations` (it registers the C operators' shapes), with an
+empty module. Everything the classes call is torchvision's own pure-Python code; decord is a real build.
 
 A new family (Qwen3-VL: lmms-eval's chat `qwen3_vl`) adds one entry to FAMILIES: its checkpoint builder
 (a function in tests/parity_checkpoints.py), lmms-eval's classes, their dtype and our pixel function.
