@@ -202,7 +202,8 @@ class HFGenerate:
         # plain greedy, as our loop decodes: a checkpoint's sampling or repetition-penalty defaults
         # (generation_config.json) would change the tokens
         out = be.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                repetition_penalty=1.0, max_new_tokens=max_new_tokens, **kwargs)
+                                repetition_penalty=1.0, max_new_tokens=max_new_tokens,
+                                eos_token_id=sorted(be.eos_token_ids), **kwargs)
         seconds = clock() - t0
         new = out[0, ids.shape[1]:].tolist()
         # tokens before EOS, as our loop counts them (both spent a forward on the EOS itself)

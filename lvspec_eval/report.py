@@ -70,10 +70,11 @@ import logging
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from judges import stats
+from lvspec_eval import baseline_run as baseline_runs
 from lvspec_eval import divergence, report_html, report_plots, report_policy
 from lvspec_eval.divergence import divergence_summary  # noqa: F401  (for `check` and callers holding records)
 
@@ -605,16 +606,20 @@ def write_outputs(summary: dict, plots: list[report_plots.Plot], opts: ReportOpt
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
 
-def build_report(run_dirs: list[Path], out_dir: Path, **options) -> dict:
+def build_report(run_dirs: list[Path], out_dir: Path, baseline_run: Path | None = None, **options) -> dict:
     """Read the runs, write leaderboard.md/.html, summary.json and the plots to out_dir, and
     return the summary. Options: see ReportOptions. Warnings (missing stats, duplicate runs...)
-    are logged and kept in summary["warnings"]."""
+    are logged and kept in summary["warnings"]. baseline_run: a run of lmms-eval's own model class,
+    the quality baseline (lvspec_eval/baseline_run.py)."""
     opts = make_options(options)
     out_dir = Path(out_dir)
     collector = _WarningCollector()
     log.addHandler(collector)
     try:
         runs = discover([Path(d) for d in run_dirs])
+        if baseline_run is not None:
+            runs.update(baseline_runs.load(baseline_run, runs, opts.baseline))
+            opts = replace(opts, baseline=baseline_runs.NAME)
         rows = build_rows(runs, opts)
         out_dir.mkdir(parents=True, exist_ok=True)
         plots = report_plots.draw_all(plot_input(rows, runs, opts, out_dir)) if opts.plots else []
@@ -652,6 +657,7 @@ def _run(args: argparse.Namespace) -> int:
         alpha=args.alpha,
         seed=args.seed,
         baseline=args.baseline,
+        baseline_run=args.baseline_run,
         echo=True,
         plots=not args.no_plots,
         length_tasks=tuple(t for t in (args.length_tasks or "").split(",") if t),
@@ -681,6 +687,9 @@ def register(subparsers) -> None:
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence of the retention interval")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline", default="vanilla", help="the method every row is compared with")
+    p.add_argument("--baseline-run", type=Path, metavar="DIR",
+                   help="a run of lmms-eval's own model class (--output_path with --log_samples): the quality "
+                   "baseline, row `lmms-eval`; speed stays against vanilla")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs (tables and summary.json only)")
     p.add_argument(
         "--length-tasks",

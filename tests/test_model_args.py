@@ -45,8 +45,10 @@ def test_defaults_on_cpu():
     args = parse("pretrained=Qwen/Qwen2.5-VL-7B-Instruct")
     assert (args.method, args.draft, args.device, args.dtype, args.attn_implementation) == (
         "vanilla", "self", "cpu", "float32", "sdpa")
-    assert (args.fps, args.max_frames, args.max_new_tokens, args.batch_size) == (None, None, 256, 1)
+    # max_new_tokens None: the matched lmms-eval class's default (models/parity.py), e.g. 128 for qwen2_5_vl chat
+    assert (args.fps, args.max_frames, args.max_new_tokens, args.batch_size) == (None, None, None, 1)
     assert args.video_rule == "lmms_eval"  # fps/max_frames None: lmms-eval's own (backends/frame_rules.py)
+    assert args.until == "class"  # the task's stop strings are treated as lmms-eval's class treats them
 
 
 def test_demo_defaults_follow_the_demo_videos():
@@ -54,6 +56,9 @@ def test_demo_defaults_follow_the_demo_videos():
     assert args.draft == "demo-draft"
     assert (args.fps, args.max_frames) == (demo_models.FPS, DEMO_MAX_FRAMES)  # every frame of every synthvid video
     assert parse("pretrained=demo,draft=self,fps=2,max_frames=8").draft == "self"
+    assert parse("pretrained=demo").until == "task"  # the demo's figures were made with the task's stop strings
+    with pytest.raises(ValueError, match="until='never'.*class, task"):
+        parse("pretrained=demo,until=never")
 
 
 def test_runner_kwargs_carry_everything_the_runner_takes():
@@ -132,6 +137,20 @@ def test_gen_kwargs_defaults_and_overrides():
     s = read_gen_kwargs({"until": ["<|im_end|>", ""], "temperature": 0.7}, 16)
     assert (s.until, s.requested_temperature, s.sampling_ignored) == (("<|im_end|>",), 0.7, True)
     assert read_gen_kwargs({"do_sample": True}, 16).sampling_ignored
+
+
+def test_stop_strings_follow_the_matched_lmms_eval_class():
+    from lvspec_eval.models.parity import class_rules, stop_strings
+
+    until = ("\n\n", "Question:")  # lmms-eval's default blank line, and a task's own stop string
+    chat, simple = class_rules("qwen2_5_vl", "chat", "class"), class_rules("qwen2_5_vl", "simple", "class")
+    assert stop_strings(until, chat) == ()  # lmms-eval's chat qwen2_5_vl never reads `until`
+    assert stop_strings(until, simple) == ("Question:",)  # its simple class drops the blank line only
+    assert stop_strings(until, class_rules("llava_onevision", "simple", "class")) == ()  # llava_hf never applies it
+    assert stop_strings(until, class_rules("qwen2_5_vl", "chat", "task")) == until
+    assert (chat.max_new_tokens, simple.max_new_tokens) == (128, 32768)
+    with pytest.raises(ValueError, match="no lmms-eval reference class.*until=task"):
+        class_rules("qwen9", "chat", "class")
 
 
 def test_bad_gen_kwargs():

@@ -236,9 +236,21 @@ def test_lmms_eval_rule_is_lmms_evals_qwen3_vl_class(qwen3_family):
         assert frame_size(h, w, t, cfg) == smart_resize(h, w, factor, 256 * 28 * 28, min(1605632, cap))
         hb, wb = frame_size(h, w, t, cfg)
         assert hb % 32 == 0 and wb % 32 == 0 and math.isfinite(hb * wb)
-    inputs = backend.prepare("describe", [(_video(10, t=2), 2.0)])
-    text = backend.tokenizer.decode(inputs.input_ids[0])
-    assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n")
+    assert backend.frame_plan(None, None, "simple").indices(300, 30.0).tolist() == \
+        backend.frame_plan(None, None, "chat").indices(300, 30.0).tolist()
+    # its system turn, which the models layer puts before the task's turns (models/parity.py)
+    import ast
+    import importlib.util
+
+    from lvspec_eval.models.parity import class_rules
+
+    # read from its source: the module imports decord, which is not installed here
+    source = importlib.util.find_spec("lmms_eval.models.simple.qwen3_vl").origin
+    init = next(n for n in ast.walk(ast.parse(open(source).read())) if isinstance(n, ast.FunctionDef)
+                and n.name == "__init__")
+    names = [a.arg for a in init.args.args][-len(init.args.defaults):]
+    default = ast.literal_eval(init.args.defaults[names.index("system_prompt")])
+    assert class_rules(backend.family, "chat", "class").chat_system_prompt == default
 
 
 def test_fps_rule_budgets_the_whole_clip(qwen3_family):

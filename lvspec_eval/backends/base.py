@@ -113,6 +113,18 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
             layer.values = layer.values[:, :, :length]
 
 
+def stop_token_ids(model, tokenizer) -> set[int]:
+    """The token(s) that end an answer: the tokenizer's eos token, as lmms-eval's classes pass
+    `eos_token_id=tokenizer.eos_token_id` to generate() (for Qwen2.5-VL <|im_end|>, 151645, and not the
+    generation config's <|endoftext|>, 151643); the generation config's only without one."""
+    if tokenizer.eos_token_id is not None:
+        return {int(tokenizer.eos_token_id)}
+    eos = model.generation_config.eos_token_id if model.generation_config else None
+    if eos is None:
+        raise ValueError("neither the tokenizer nor the generation config names an eos token")
+    return set(eos if isinstance(eos, (list, tuple)) else [eos])
+
+
 class Backend:
     """Base class; subclasses implement `prepare`, `_visual_embeds`, `position_ids`, `text_model`."""
 
@@ -120,9 +132,12 @@ class Backend:
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
-        eos = model.generation_config.eos_token_id if model.generation_config else None
-        eos = eos if eos is not None else tokenizer.eos_token_id
-        self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        self.eos_token_ids = stop_token_ids(model, tokenizer)
+
+    @property
+    def family(self) -> str:
+        """The checkpoint's model_type (models/parity.py keys lmms-eval's classes on it)."""
+        return self.model.config.model_type
 
     # ---- family hooks -------------------------------------------------------------------------
     def prepare(self, prompt: str, videos: list) -> PreparedInputs:

@@ -21,12 +21,19 @@ PROBE_PROMPT = "Describe the video."
 
 
 def load_tokenizer(path: str, **kwargs):
-    """AutoTokenizer.from_pretrained(path), with the processor's chat template where it differs."""
+    """AutoTokenizer.from_pretrained(path), with the processor's chat template where it differs. The
+    tokenizer's own template (None without one) stays in `own_chat_template`: lmms-eval's simple llava_hf
+    renders with it (models/parity.py)."""
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    tokenizer.own_chat_template = tokenizer.chat_template
     template = processor_chat_template(path, **kwargs)
     if template is not None:
         tokenizer.chat_template = template
     return tokenizer
+
+
+class RenderedPrompt(str):
+    """A prompt already rendered with a chat template (generation prompt included): tokenized as it is."""
 
 
 def processor_chat_template(path: str, **kwargs) -> str | None:
@@ -74,3 +81,28 @@ def check_video_template(tokenizer, video_token_id: int, name: str) -> str:
                          f"{video_token_id}), expected one: it cannot take a video (rendered: {text!r}); give the "
                          f"checkpoint its multimodal template ({files})")
     return text
+
+
+def chat_messages(prompt: str | list[dict], num_videos: int) -> list[dict]:
+    """A request as chat messages. A string becomes one user turn with its videos first (as lmms-eval's
+    simple classes place them); a list of messages (a task's own turns, system turn included, parts in
+    the task's order, video parts as {"type": "video"}) is used as given, after checking that it holds
+    one video part per video."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": [{"type": "video"}] * num_videos + [{"type": "text", "text": prompt}]}]
+    if any(isinstance(m["content"], str) for m in prompt):
+        return prompt  # a turn of plain text may name its videos itself (`<video>`); the backend counts them
+    found = sum(1 for m in prompt for part in m["content"] if part.get("type") == "video")
+    if found != num_videos:
+        raise ValueError(f"the messages hold {found} video parts for {num_videos} videos")
+    return prompt
+
+
+def render_chat(tokenizer, prompt: str | list[dict], num_videos: int) -> list[int]:
+    """Token ids of the request rendered with the checkpoint's chat template, generation prompt added
+    (a RenderedPrompt is tokenized as it is)."""
+    if isinstance(prompt, RenderedPrompt):
+        return tokenizer(str(prompt), add_special_tokens=False).input_ids
+    text = tokenizer.apply_chat_template(chat_messages(prompt, num_videos), add_generation_prompt=True,
+                                         tokenize=False)
+    return tokenizer(text, add_special_tokens=False).input_ids

@@ -5,7 +5,8 @@ and how large each frame is; this module holds the frame half, the pixel half li
 family (qwen_vision.py, siglip_vision.py). The rules:
 
 - `lmms_eval`: what lmms-eval 0.7.3's own model class for the family does, so that
-  `--model lvspec` scores compare with `--model qwen2_5_vl` / `--model llava_onevision` ones.
+  `--model lvspec` scores compare with `--model qwen2_5_vl` / `--model llava_hf` ones (Qwen2.5-VL's
+  chat and simple classes sample differently; models/parity.py, tests/test_parity.py).
 - `qwen_vl_utils`: qwen-vl-utils 0.0.14's defaults (`fetch_video` without arguments): 2 frames per
   second, at least 4, at most 768, an even count. Qwen2.5-VL only.
 - `fps`: this project's own rule, which the demo models were trained with: `fps` frames per second,
@@ -50,6 +51,16 @@ def spread_floored(num_frames: int, count: int) -> np.ndarray:
     and last frame included; a video shorter than `count` repeats frames. N=10, count=4 -> [0, 3, 6, 9];
     N=3, count=4 -> [0, 0, 1, 2]."""
     return np.linspace(0, num_frames - 1, count, dtype=int).astype(np.int64)
+
+
+def thin_out(count: int, limit: int) -> np.ndarray:
+    """lmms-eval's simple qwen2_5_vl, after qwen-vl-utils sampled `count` frames: positions
+    `np.unique(np.linspace(0, count - 1, limit, dtype=int))`, the last one always kept (unique, so
+    a count below `limit` keeps every frame). count=10, limit=4 -> [0, 3, 6, 9]."""
+    keep = np.unique(np.linspace(0, count - 1, limit, dtype=int))
+    if count - 1 not in keep:
+        keep = np.unique(np.append(keep, count - 1))
+    return keep.astype(np.int64)
 
 
 # ---- how many frames --------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .base import Backend, PreparedInputs
+from .chat_template import render_chat
 from .frame_rules import FramePlan
 from .qwen_vision import expand_video_tokens
 from .siglip_vision import (
@@ -46,8 +47,9 @@ class LlavaOnevisionBackend(Backend):
         cfg = SiglipPreprocessConfig(image_size=vc.image_size, patch_size=vc.patch_size, **values)
         return cls(model, tokenizer, device, cfg)
 
-    def frame_plan(self, fps: float | None, max_frames: int | None) -> FramePlan:
-        """Which frames of a video this backend's video rule takes (None: the rule's default)."""
+    def frame_plan(self, fps: float | None, max_frames: int | None, interface: str = "chat") -> FramePlan:
+        """Which frames of a video this backend's video rule takes (None: the rule's default). Both of
+        lmms-eval's llava_hf classes are matched by one rule (siglip_vision.py), so `interface` is unused."""
         return frame_plan(self.preprocess, fps, max_frames)
 
     def layout(self) -> tuple:
@@ -59,9 +61,10 @@ class LlavaOnevisionBackend(Backend):
     def text_model(self):
         return self.model.model.language_model
 
-    def prepare(self, prompt: str, videos: list) -> PreparedInputs:
-        """videos: list of (frames uint8 [T, H, W, 3], fps). One video per prompt; fps is unused
-        (LLaVA-OneVision has no temporal positions)."""
+    def prepare(self, prompt: str | list[dict], videos: list) -> PreparedInputs:
+        """prompt: the user's text or chat messages (chat_template.chat_messages); videos: list of
+        (frames uint8 [T, H, W, 3], fps). One video per prompt; fps is unused (LLaVA-OneVision has no
+        temporal positions)."""
         if len(videos) > 1:
             raise ValueError(f"one video per prompt is supported, got {len(videos)}")
         ids = self._chat_ids(prompt, bool(videos))
@@ -75,12 +78,9 @@ class LlavaOnevisionBackend(Backend):
         visual = input_ids[0] == self.video_token_id
         return PreparedInputs(input_ids=input_ids, visual_mask=visual.cpu(), model_kwargs=kwargs)
 
-    def _chat_ids(self, prompt: str, with_video: bool) -> list[int]:
+    def _chat_ids(self, prompt: str | list[dict], with_video: bool) -> list[int]:
         """Token ids of the chat prompt; the template must place exactly one `<video>` token."""
-        content = ([{"type": "video"}] if with_video else []) + [{"type": "text", "text": prompt}]
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
-                                                  add_generation_prompt=True, tokenize=False)
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        ids = render_chat(self.tokenizer, prompt, int(with_video))
         found = ids.count(self.video_token_id)
         if found != int(with_video):
             raise ValueError(f"the tokenizer's chat template put {found} video tokens (id {self.video_token_id}) "

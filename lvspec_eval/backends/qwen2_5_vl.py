@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .base import Backend, PreparedInputs
+from .chat_template import render_chat
 from .frame_rules import FramePlan
 from .qwen_vision import (
     VisionPreprocessConfig,
@@ -22,7 +23,7 @@ from .qwen_vision import (
 
 
 class QwenVLBackend(Backend):
-    family = "qwen2_5_vl"
+    layout_name = "qwen2_5_vl"  # layout(): drafts pair with targets of the same name
     default_mean_std: tuple[float, float, float] | None = None  # None: CLIP's (qwen_vision.py)
     clip_budget = False  # rule fps: the checkpoint's pixel limits are per frame
 
@@ -44,26 +45,25 @@ class QwenVLBackend(Backend):
         return cls(model, tokenizer, device,
                    rule_config(model.config.vision_config, clip_budget=cls.clip_budget, **values))
 
-    def frame_plan(self, fps: float | None, max_frames: int | None) -> FramePlan:
-        """Which frames of a video this backend's video rule takes (None: the rule's default)."""
-        return frame_plan(self.preprocess, fps, max_frames)
+    def frame_plan(self, fps: float | None, max_frames: int | None, interface: str = "chat") -> FramePlan:
+        """Which frames of a video this backend's video rule takes (None: the rule's default);
+        interface: lmms-eval's chat or simple class (their frame rules differ)."""
+        return frame_plan(self.preprocess, fps, max_frames, interface)
 
     def layout(self) -> tuple:
         """What a draft must share with its target for visual tokens to line up."""
         p = self.preprocess
-        return (self.family, p.patch_size, p.temporal_patch_size, p.merge_size, p.min_pixels, p.max_pixels)
+        return (self.layout_name, p.patch_size, p.temporal_patch_size, p.merge_size, p.min_pixels, p.max_pixels)
 
     def text_model(self):
         return self.model.model.language_model
 
-    def prepare(self, prompt: str, videos: list) -> PreparedInputs:
-        """videos: list of (frames uint8 [T, H, W, 3], fps). One video per prompt."""
+    def prepare(self, prompt: str | list[dict], videos: list) -> PreparedInputs:
+        """prompt: the user's text, or chat messages (chat_template.chat_messages); videos: list of
+        (frames uint8 [T, H, W, 3], fps). One video per prompt."""
         if len(videos) > 1:
             raise ValueError(f"one video per prompt is supported, got {len(videos)}")
-        content = ([{"type": "video"}] if videos else []) + [{"type": "text", "text": prompt}]
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
-                                                  add_generation_prompt=True, tokenize=False)
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        ids = render_chat(self.tokenizer, prompt, len(videos))
         kwargs: dict = {}
         if videos:
             frames, fps = videos[0][:2]  # (frames, fps[, indices, native fps])

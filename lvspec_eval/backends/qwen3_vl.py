@@ -22,12 +22,11 @@ import numpy as np
 import torch
 
 from .base import PreparedInputs
+from .chat_template import render_chat
 from .qwen2_5_vl import QwenVLBackend
 from .qwen_vision import preprocess_video
 
 QWEN3_MEAN_STD = (0.5, 0.5, 0.5)
-# lmms-eval 0.7.3 lmms_eval/models/simple/qwen3_vl.py: the system turn every request gets
-LMMS_EVAL_SYSTEM_PROMPT = "You are a helpful assistant."
 DEEPSTACK = "embeds_deepstack"  # inputs.extra key; "embeds*" keys are per model (base.adopt_inputs drops them)
 
 
@@ -53,51 +52,56 @@ def unpack_video(video) -> tuple[np.ndarray, float, np.ndarray, float]:
 
 
 class Qwen3VLBackend(QwenVLBackend):
-    family = "qwen3_vl"
+    layout_name = "qwen3_vl"  # dense and MoE share it: a 2B draft serves a 30B-A3B target
     default_mean_std = QWEN3_MEAN_STD
     clip_budget = True  # rule fps: the checkpoint's pixel limits are for the whole clip
 
     def __init__(self, model, tokenizer, device="cpu", preprocess=None):
         super().__init__(model, tokenizer, device, preprocess)
         self.vision_start, self.vision_end = "<|vision_start|>", "<|vision_end|>"  # the processor's markers
-        self.system_prompt = LMMS_EVAL_SYSTEM_PROMPT if self.preprocess.video_rule == "lmms_eval" else None
 
-    def _messages(self, prompt: str, with_video: bool) -> list[dict]:
-        content = ([{"type": "video"}] if with_video else []) + [{"type": "text", "text": prompt}]
-        system = ([{"role": "system", "content": [{"type": "text", "text": self.system_prompt}]}]
-                  if self.system_prompt else [])
-        return system + [{"role": "user", "content": content}]
+    @property
+    def family(self) -> str:
+        """lmms-eval's qwen3_vl classes serve dense and MoE checkpoints alike (models/parity.py)."""
+        return "qwen3_vl"
 
-    def prepare(self, prompt: str, videos: list) -> PreparedInputs:
-        """videos: [(frames uint8 [T, H, W, 3], fps[, original frame indices, native fps])], at most one."""
+    def prepare(self, prompt: str | list[dict], videos: list) -> PreparedInputs:
+        """prompt: the user's text, or chat messages (chat_template.chat_messages; lmms-eval's system
+        turn is the models layer's to add); videos: [(frames uint8 [T, H, W, 3], fps[, original frame
+        indices, native fps])], at most one."""
         if len(videos) > 1:
             raise ValueError(f"one video per prompt is supported, got {len(videos)}")
-        text = self.tokenizer.apply_chat_template(self._messages(prompt, bool(videos)), add_generation_prompt=True,
-                                                  tokenize=False)
+        ids = render_chat(self.tokenizer, prompt, len(videos))
         kwargs: dict = {}
         if videos:
             frames, fps, indices, native = unpack_video(videos[0])
             pixels = preprocess_video(frames, fps, self.preprocess)
-            text = self._expand_video(text, pixels.grid_thw[0].tolist(), indices, native)
+            ids = self._expand_video(ids, pixels.grid_thw[0].tolist(), indices, native)
             kwargs = {"pixel_values_videos": pixels.pixel_values.to(self.device, self.model.dtype),
                       "video_grid_thw": pixels.grid_thw.to(self.device)}
-        input_ids = torch.tensor([self.tokenizer(text, add_special_tokens=False).input_ids], device=self.device)
+        input_ids = torch.tensor([ids], device=self.device)
         visual = input_ids[0] == self.video_token_id  # video pads only: timestamps and markers are text
         inputs = PreparedInputs(input_ids=input_ids, visual_mask=visual.cpu(), model_kwargs=kwargs)
         inputs.positions, inputs.extra["rope_delta"] = self._rope(inputs)
         return inputs
 
-    def _expand_video(self, text: str, grid: list[int], indices, native_fps: float) -> str:
-        """The processor's text: its one video pad replaced by every temporal patch's timestamp and pads."""
-        pad = self.tokenizer.convert_ids_to_tokens(self.video_token_id)
-        if text.count(pad) != 1:
-            raise ValueError(f"expected one video placeholder in the prompt, found {text.count(pad)}")
+    def _expand_video(self, ids: list[int], grid: list[int], indices, native_fps: float) -> list[int]:
+        """The processor's tokens: the one video pad replaced by every temporal patch's
+        `<t seconds><|vision_start|>` + pads + `<|vision_end|>`. Special tokens delimit each timestamp,
+        so tokenizing it alone gives the ids it gets inside the whole text (tests check it)."""
+        if ids.count(self.video_token_id) != 1:
+            raise ValueError(f"expected one video placeholder in the prompt, found {ids.count(self.video_token_id)}")
         per_patch = grid[1] * grid[2] // self.preprocess.merge_size ** 2
         stamps = frame_timestamps(indices, native_fps, self.preprocess.temporal_patch_size)
         if len(stamps) != grid[0]:
             raise ValueError(f"{len(stamps)} timestamps for {grid[0]} temporal patches")
-        block = "".join(f"<{t:.1f} seconds>{self.vision_start}{pad * per_patch}{self.vision_end}" for t in stamps)
-        return text.replace(pad, block, 1)
+        start, end = self.tokenizer.convert_tokens_to_ids([self.vision_start, self.vision_end])
+        block: list[int] = []
+        for t in stamps:
+            block += self.tokenizer(f"<{t:.1f} seconds>", add_special_tokens=False).input_ids
+            block += [start] + [self.video_token_id] * per_patch + [end]
+        i = ids.index(self.video_token_id)
+        return ids[:i] + block + ids[i + 1:]
 
     def _rope(self, inputs: PreparedInputs) -> tuple[torch.Tensor, int]:
         ids = inputs.input_ids
@@ -108,9 +112,14 @@ class Qwen3VLBackend(QwenVLBackend):
                                                  video_grid_thw=inputs.model_kwargs["video_grid_thw"])
         return pos, int(pos[..., -1].max()) + 1 - ids.shape[1]
 
+    def frame_plan(self, fps: float | None, max_frames: int | None, interface: str = "chat"):
+        """lmms-eval's qwen3_vl chat and simple classes sample alike (nframes = max_num_frames, the
+        simple class capped at the video's length): the chat rule serves both interfaces."""
+        return super().frame_plan(fps, max_frames, "chat")
+
     def layout(self) -> tuple:
         p = self.preprocess
-        return (self.family, p.patch_size, p.temporal_patch_size, p.merge_size, p.min_pixels, p.max_pixels,
+        return (self.layout_name, p.patch_size, p.temporal_patch_size, p.merge_size, p.min_pixels, p.max_pixels,
                 p.video_rule)
 
     # ---- vision features and DeepStack --------------------------------------------------------

@@ -1,9 +1,11 @@
 """Qwen2-VL / Qwen2.5-VL pixel preprocessing without torchvision, and the video rules' pixel sizes.
 
 transformers' Qwen2-VL video processor imports torchvision, whose PyPI builds break on a CPU-only
-torch. These functions reproduce the PIL image processor exactly: `smart_resize` to multiples of
-patch_size * merge_size within a pixel budget, bicubic resize, rescale, normalise, then the
-temporal/spatial patch layout that Qwen2.5-VL's vision tower expects.
+torch. These functions reproduce it: `smart_resize` to multiples of patch_size * merge_size within a
+pixel budget, bicubic resize, rescale, normalise, then the temporal/spatial patch layout that
+Qwen2.5-VL's vision tower expects. Under the `lmms_eval` and `qwen_vl_utils` rules the resize and the
+normalisation are qwen-vl-utils' and the processor's own arithmetic, bit for bit (pixels.py); under
+`fps` (the demo models) the resize is PIL's bicubic.
 
 How large a frame is depends on the video rule (frame_rules.py):
 - `lmms_eval` (lmms-eval 0.7.3 `qwen2_5_vl`): it asks qwen-vl-utils for min_pixels=256*28*28 and
@@ -36,7 +38,9 @@ from .frame_rules import (
     lmms_eval_qwen_count,
     qwen_vl_utils_count,
     spread_rounded,
+    thin_out,
 )
+from .pixels import normalise_fused, resize_qwen_vl_utils
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -128,10 +132,19 @@ def num_visual_tokens(height: int, width: int, num_frames: int, cfg: VisionPrepr
     return t * h * w // cfg.merge_size ** 2
 
 
-def frame_plan(cfg: VisionPreprocessConfig, fps: float | None, max_frames: int | None) -> FramePlan:
-    """Which frames a video gives under cfg.video_rule; fps / max_frames: the user's, None = the rule's."""
+def frame_plan(cfg: VisionPreprocessConfig, fps: float | None, max_frames: int | None,
+               interface: str = "chat") -> FramePlan:
+    """Which frames a video gives under cfg.video_rule; fps / max_frames: the user's, None = the rule's.
+    interface: the lmms-eval class matched under rule `lmms_eval` (`chat` or `simple`)."""
     if cfg.video_rule == "fps":
         return fps_plan(fps, max_frames)
+    if cfg.video_rule == "lmms_eval" and interface == "simple":
+        # lmms-eval's simple class: qwen-vl-utils' defaults, then at most max_num_frames of those
+        rate, limit, factor = fps or QVU_FPS, max_frames or LMMS_EVAL_MAX_FRAMES, cfg.temporal_patch_size
+        return FramePlan(f"lmms_eval simple qwen2_5_vl: {rate:g} frames per second, then at most {limit}",
+                         lambda n, native: qwen_vl_utils_count(n, native, rate, QVU_MAX_FRAMES, QVU_MIN_FRAMES,
+                                                               factor),
+                         lambda n, count: spread_rounded(n, count)[thin_out(count, limit)])
     if cfg.video_rule == "lmms_eval" and fps is None:
         limit = max_frames or LMMS_EVAL_MAX_FRAMES
         return FramePlan(f"lmms_eval qwen2_5_vl: min({limit}, N) frames, even",
@@ -199,9 +212,18 @@ def clip_smart_resize(num_frames: int, height: int, width: int, factor: int, tem
 
 
 def resize_and_normalise(frames: np.ndarray, cfg: VisionPreprocessConfig) -> np.ndarray:
-    """uint8 [T, H, W, 3] -> float32 [T, 3, H', W'] resized (bicubic, as PIL) and normalised."""
+    """uint8 [T, H, W, 3] -> float32 [T, 3, H', W'] resized and normalised.
+
+    Rules `lmms_eval` and `qwen_vl_utils`: qwen-vl-utils' torchvision resize and the processor's fused
+    normalisation, bit for bit (pixels.py). Not bit for bit where the processor's own limits resize
+    qwen-vl-utils' frames a second time (rule `qwen_vl_utils` with a checkpoint budget below
+    qwen-vl-utils'): ours resizes once, to the final size. Rule `fps`: PIL's bicubic, as the demo
+    models were trained.
+    """
     t, h, w, _ = frames.shape
     new_h, new_w = frame_size(h, w, t, cfg)
+    if cfg.video_rule != "fps":
+        return normalise_fused(resize_qwen_vl_utils(frames, new_h, new_w), cfg.image_mean, cfg.image_std).numpy()
     if (new_h, new_w) != (h, w):
         frames = np.stack([
             np.asarray(Image.fromarray(f).resize((new_w, new_h), resample=Image.BICUBIC)) for f in frames

@@ -4,7 +4,9 @@ transformers' LLaVA-OneVision video processor needs torchvision, whose PyPI buil
 CPU-only torch. A video frame's path is simple enough to reproduce: resize every frame to the
 SigLIP tower's square input (bicubic, aspect ratio not kept, as the processor's
 {"height": S, "width": S} size does), rescale by 1/255, normalise with the checkpoint's mean/std
-(0.5 / 0.5 in the released LLaVA-OneVision checkpoints).
+(0.5 / 0.5 in the released LLaVA-OneVision checkpoints). Under rule `lmms_eval` the resize and the
+normalisation are the video processor's own arithmetic, bit for bit (pixels.py); under `fps`
+the resize is PIL's bicubic.
 
 The visual-token count follows LlavaOnevisionModel.get_video_features: each frame's
 (S / patch)^2 patch features are bilinearly pooled to ceil(side / 2)^2 tokens, the frames are
@@ -26,6 +28,7 @@ import torch
 from PIL import Image
 
 from .frame_rules import FramePlan, check_rule, fps_plan, spread_floored
+from .pixels import normalise_fused, resize_transformers
 
 SIGLIP_MEAN = (0.5, 0.5, 0.5)
 SIGLIP_STD = (0.5, 0.5, 0.5)
@@ -84,6 +87,8 @@ def preprocess_video(frames: np.ndarray, cfg: SiglipPreprocessConfig) -> torch.T
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] == 0:
         raise ValueError(f"expected frames of shape [T, H, W, 3] with T >= 1, got {tuple(frames.shape)}")
     s = cfg.image_size
+    if cfg.video_rule == "lmms_eval":  # transformers' video processor, as lmms-eval's llava_hf calls it (pixels.py)
+        return normalise_fused(resize_transformers(frames, s, s), cfg.image_mean, cfg.image_std)[None]
     if frames.shape[1:3] != (s, s):
         frames = np.stack([
             np.asarray(Image.fromarray(f).resize((s, s), resample=Image.BICUBIC)) for f in frames

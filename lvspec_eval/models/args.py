@@ -20,6 +20,7 @@ from ..backends.frame_rules import VIDEO_RULES
 from ..backends.loading import DEMO_NAMES, DTYPES
 from ..decoding import methods
 from ..demo import models as demo_models
+from .parity import UNTIL_MODES
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,8 @@ class ModelArgs:
     # frames and pixels per video (backends/frame_rules.py): lmms_eval | qwen_vl_utils | fps; default fps for
     # the demo models, else lmms_eval, whose own defaults (not the two lines above) then apply to fps/max_frames
     video_rule: str | None = None
-    max_new_tokens: int = 256
+    max_new_tokens: int | None = None  # default: the matched lmms-eval class's (models/parity.py); demo 256
+    until: str | None = None  # the task's stop strings: `class` (as lmms-eval's class does) or `task`; demo: task
     stats_path: str | None = None  # JSONL of per-sample decode statistics
     paired_timing: bool = False  # also time vanilla greedy on every request, beside the method (same clock)
     on_device_error: str = "abort"  # a CUDA error or out-of-memory: stop the run (abort) or fail the sample (skip)
@@ -92,6 +94,8 @@ class ModelArgs:
             self.dtype = "float32" if self.device == "cpu" else "bfloat16"
         if self.video_rule is None:
             self.video_rule = "fps" if demo else "lmms_eval"
+        if self.until is None:  # the demo's figures were made with the task's stop strings
+            self.until = "task" if demo else "class"
         if self.fps is None and self.video_rule == "fps":
             self.fps = demo_models.FPS if demo else DEFAULT_FPS
         if self.max_frames is None and self.video_rule == "fps":
@@ -105,6 +109,7 @@ class ModelArgs:
         _one_of("dtype", self.dtype, tuple(DTYPES))
         _one_of("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         _one_of("on_device_error", self.on_device_error, ON_DEVICE_ERROR)
+        _one_of("until", self.until, UNTIL_MODES)
         _check_device(self.device)
         if self.batch_size != 1:
             raise ValueError(f"batch_size={self.batch_size} is not supported: lvspec decodes one request at a time "

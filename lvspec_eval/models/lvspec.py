@@ -16,7 +16,7 @@ import contextlib
 import inspect
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from ..backends.chat_template import check_video_template
 from ..decoding.loop import make_clock
 from ..runner import Generation, Runner, VideoInput
 from .args import GenSettings, ModelArgs, read_gen_kwargs
+from .parity import class_rules, stop_strings
 from .stats_writer import StatsWriter, failure_record, success_record
 from .video import VideoError, load_video
 
@@ -71,8 +72,12 @@ class _LVSpecModel(lmms):
         if self._world_size > 1 and kwargs["device"] == "cuda" and not self.args.device_map:
             kwargs["device"] = f"cuda:{local_rank}"  # one GPU per data-parallel process
         self.runner = Runner(**kwargs)
+        interface = "simple" if self.is_simple else "chat"
+        # what lmms-eval's own class of this family does with stop strings, defaults and prompts
+        self.rules = class_rules(self.runner.target.family, interface, self.args.until)
+        self.max_new_tokens = self.args.max_new_tokens or self.rules.max_new_tokens
         # which frames each video gives under video_rule (a bad fps/max_frames fails here, not per sample)
-        self.frame_plan = self.runner.target.frame_plan(self.args.fps, self.args.max_frames)
+        self.frame_plan = self.runner.target.frame_plan(self.args.fps, self.args.max_frames, interface)
         for name, backend in (("pretrained", self.runner.target), ("draft", self.runner.draft_backend)):
             if backend is not None:  # every sample would fail on a template that cannot take a video
                 check_video_template(backend.tokenizer, backend.video_token_id, f"{name}={getattr(self.args, name)}")
@@ -104,7 +109,8 @@ class _LVSpecModel(lmms):
     def _info(self, request: Instance) -> RequestInfo:
         raise NotImplementedError
 
-    def _prompt_and_videos(self, info: RequestInfo) -> tuple[str, list[str]]:
+    def _prompt_and_videos(self, info: RequestInfo) -> tuple[str | list[dict], list[str]]:
+        """(the prompt: text or chat messages, the request's video paths in order)"""
         raise NotImplementedError
 
     def _doc(self, info: RequestInfo) -> dict:
@@ -113,9 +119,10 @@ class _LVSpecModel(lmms):
     def _respond(self, request: Instance) -> GenerationResult:
         info = self._info(request)
         try:
-            settings = read_gen_kwargs(info.gen_kwargs, self.args.max_new_tokens)
+            settings = read_gen_kwargs(info.gen_kwargs, self.max_new_tokens)
+            settings = replace(settings, until=stop_strings(settings.until, self.rules))
             prompt, paths = self._prompt_and_videos(info)
-            videos = [load_video(p, plan=self.frame_plan) for p in paths]
+            videos = [self._video(p) for p in paths]
             generation, max_new = self._generate(prompt, videos, settings)
         except DEVICE_ERRORS + (ValueError, RuntimeError) as err:  # VideoError is a ValueError
             if is_device_error(err):
@@ -126,7 +133,12 @@ class _LVSpecModel(lmms):
         counts = TokenCounts(input_tokens=generation.stats.get("prompt_tokens"), output_tokens=len(generation.tokens))
         return GenerationResult(text=generation.text, token_counts=counts)
 
-    def _generate(self, prompt: str, videos: list[VideoInput], settings: GenSettings) -> tuple[Generation, int]:
+    def _video(self, path: str) -> VideoInput:
+        video = load_video(path, plan=self.frame_plan)
+        return video if self.rules.video_fps is None else VideoInput(video.frames, self.rules.video_fps)
+
+    def _generate(self, prompt: str | list[dict], videos: list[VideoInput],
+                  settings: GenSettings) -> tuple[Generation, int]:
         if settings.sampling_ignored and not self._warned_sampling:
             logger.warning(f"lvspec: the task asks for sampling (temperature={settings.requested_temperature}); "
                            "lvspec decodes greedily only, so this run is greedy (recorded as sampling_ignored)")
@@ -187,9 +199,12 @@ class LVSpecChat(_LVSpecModel):
         context, doc_to_messages, gen_kwargs, doc_id, task, split = request.args
         return RequestInfo(context, gen_kwargs, doc_id, task, split, doc_to_messages)
 
-    def _prompt_and_videos(self, info: RequestInfo) -> tuple[str, list[str]]:
-        messages = call_task_function(info.build, self._doc(info))
-        return messages_to_prompt(ChatMessages(messages=messages))
+    def _prompt_and_videos(self, info: RequestInfo) -> tuple[list[dict], list[str]]:
+        messages, paths = messages_to_prompt(ChatMessages(messages=call_task_function(info.build, self._doc(info))))
+        system = self.rules.chat_system_prompt  # e.g. lmms-eval's chat qwen3_vl puts its own first
+        if system is not None:
+            messages = [{"role": "system", "content": [{"type": "text", "text": system}]}] + messages
+        return messages, paths
 
 
 class LVSpecSimple(_LVSpecModel):
@@ -201,9 +216,12 @@ class LVSpecSimple(_LVSpecModel):
         context, gen_kwargs, doc_to_visual, doc_id, task, split = request.args
         return RequestInfo(context, gen_kwargs, doc_id, task, split, doc_to_visual)
 
-    def _prompt_and_videos(self, info: RequestInfo) -> tuple[str, list[str]]:
+    def _prompt_and_videos(self, info: RequestInfo) -> tuple[str | list[dict], list[str]]:
         visuals = call_task_function(info.build, self._doc(info)) or []
-        return info.context, [video_path(v) for v in visuals]
+        paths = [video_path(v) for v in visuals]
+        if self.rules.simple_prompt is None:  # until=task (the demo): the context, after the videos
+            return info.context, paths
+        return self.rules.simple_prompt(info.context, len(paths), self.runner.tokenizer), paths
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
@@ -326,17 +344,20 @@ def video_path(visual) -> str:
     raise ValueError(f"a visual of type {type(visual).__name__}: lvspec takes video file paths only")
 
 
-def messages_to_prompt(chat: ChatMessages) -> tuple[str, list[str]]:
-    """One user turn -> (its text parts joined by newlines, its video paths in order)."""
-    texts, paths = [], []
+def messages_to_prompt(chat: ChatMessages) -> tuple[list[dict], list[str]]:
+    """A task's messages -> (chat messages as the checkpoint's template takes them, every turn and part
+    in the task's order, videos as {"type": "video"}; the video paths in order). The template renders
+    them as lmms-eval's classes do (a system turn as given, text parts one after another)."""
+    messages, paths = [], []
     for message in chat.messages:
-        if message.role != "user":
-            raise ValueError(f"a {message.role} turn: lvspec takes a single user turn (video + text)")
+        parts = []
         for content in message.content:
             if content.type == "text":
-                texts.append(content.text)
+                parts.append({"type": "text", "text": content.text})
             elif content.type == "video":
+                parts.append({"type": "video"})
                 paths.append(video_path(content.url))
             else:
                 raise ValueError(f"{content.type} input: lvspec takes video and text only")
-    return "\n".join(texts), paths
+        messages.append({"role": message.role, "content": parts})
+    return messages, paths

@@ -1,0 +1,106 @@
+"""What lmms-eval 0.7.3's own model classes do with a request, per model family and interface.
+
+`--model lvspec` (chat class) and its simple class answer a request as the lmms-eval class of the
+same family and interface does, so that `method=vanilla` scores equal the ones users already have
+(README, "Parity with lmms-eval"; tests/test_parity.py runs those classes and ours side by side):
+
+| family, interface | lmms-eval class | the task's `until` | max_new_tokens when the task gives none |
+|---|---|---|---|
+| qwen2_5_vl, chat | models/chat/qwen2_5_vl.py | ignored | 128 |
+| qwen2_5_vl, simple | models/simple/qwen2_5_vl.py | applied to the answer, except "\\n\\n" | 32768 |
+| qwen3_vl, chat | models/chat/qwen3_vl.py (adds its system turn) | ignored | 128 |
+| qwen3_vl, simple | models/simple/qwen3_vl.py | applied to the answer, except "\\n\\n" | 128 |
+| llava_onevision, chat | models/chat/llava_hf.py | ignored | 1024 |
+| llava_onevision, simple | models/simple/llava_hf.py | ignored | 1024 |
+
+lmms-eval hands `until=["\\n\\n"]` to every task that sets none, so a class that applied it would cut
+paragraphs and answers that begin with a blank line. Frames and pixels follow from `video_rule`
+(backends/frame_rules.py); the eos token from the tokenizer (backends/base.py stop_token_ids).
+The demo models (and `until=task`) keep the task's stop strings and a 256-token default.
+A new family adds its two rows here.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..backends.chat_template import RenderedPrompt
+
+UNTIL_MODES = ("class", "task")  # model_arg `until`
+BLANK_LINE = "\n\n"
+# lmms-eval 0.7.3 models/simple/llava_hf.py: the template it falls back to when the tokenizer has none
+VICUNA_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.index0 == 0 %}A chat between a curious user and an artificial "
+    "intelligence assistant. The assistant gives helpful, detailed, and polite answers to the user's questions. "
+    "USER: {{ message['content'] }} {% elif message['role'] == 'user' %}USER: {{ message['content'] }} {% else %} "
+    "ASSISTANT: {{ message['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")
+
+
+@dataclass(frozen=True)
+class ClassRules:
+    reference: str  # the lmms-eval class matched
+    until: str  # "ignore" | "no_blank_line" | "all": what happens to the task's stop strings
+    max_new_tokens: int  # the class's default when the task's generation_kwargs give none
+    video_fps: float | None = None  # the frame rate the class's processor assumes (None: the sampled rate)
+    chat_system_prompt: str | None = None  # chat interface: a system turn the class puts before the task's turns
+    # simple interface: (doc_to_text's context, number of videos, tokenizer) -> the prompt (chat messages,
+    # or a RenderedPrompt)
+    simple_prompt: Callable[[str, int, object], list[dict] | RenderedPrompt] | None = None
+
+
+def qwen_simple_prompt(context: str, num_videos: int, tokenizer=None) -> list[dict]:
+    """lmms-eval's simple qwen2_5_vl: its system prompt, then the videos and the context without `<image>`."""
+    return [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": [{"type": "video"}] * num_videos
+             + [{"type": "text", "text": context.replace("<image>", "")}]}]
+
+
+def llava_hf_simple_prompt(context: str, num_videos: int, tokenizer) -> RenderedPrompt:
+    """lmms-eval's simple llava_hf: one `<video>` per video, a newline, the context, as one string turn,
+    rendered with the tokenizer's own chat template (not the processor's chat_template.json), or without
+    one, lmms-eval's Vicuna template."""
+    if num_videos and "<image>" not in context:
+        context = " ".join(["<video>"] * num_videos) + "\n" + context
+    template = getattr(tokenizer, "own_chat_template", None) or VICUNA_CHAT_TEMPLATE
+    return RenderedPrompt(tokenizer.apply_chat_template([{"role": "user", "content": context}], chat_template=template,
+                                                        add_generation_prompt=True, tokenize=False))
+
+
+CLASS_RULES = {
+    ("qwen2_5_vl", "chat"): ClassRules("lmms_eval.models.chat.qwen2_5_vl.Qwen2_5_VL", "ignore", 128),
+    # no video metadata reaches its processor, which then takes transformers' default of 24 frames per second
+    ("qwen2_5_vl", "simple"): ClassRules("lmms_eval.models.simple.qwen2_5_vl.Qwen2_5_VL", "no_blank_line", 32768,
+                                         video_fps=24.0, simple_prompt=qwen_simple_prompt),
+    # Qwen3-VL (backends/qwen3_vl.py): its chat class inserts its system prompt before the task's turns
+    ("qwen3_vl", "chat"): ClassRules("lmms_eval.models.chat.qwen3_vl.Qwen3_VL", "ignore", 128,
+                                     chat_system_prompt="You are a helpful assistant."),
+    ("qwen3_vl", "simple"): ClassRules("lmms_eval.models.simple.qwen3_vl.Qwen3_VL", "no_blank_line", 128,
+                                       simple_prompt=qwen_simple_prompt),
+    ("llava_onevision", "chat"): ClassRules("lmms_eval.models.chat.llava_hf.LlavaHf", "ignore", 1024),
+    ("llava_onevision", "simple"): ClassRules("lmms_eval.models.simple.llava_hf.LlavaHf", "ignore", 1024,
+                                              simple_prompt=llava_hf_simple_prompt),
+}
+TASK_RULES = ClassRules("the task's generation_kwargs", "all", 256)
+
+
+def class_rules(family: str, interface: str, until: str) -> ClassRules:
+    """The rules for a family's chat or simple class; `until=task` (and the demo) keep the task's stop strings."""
+    if until not in UNTIL_MODES:
+        raise ValueError(f"until={until!r} is not supported; expected one of {', '.join(UNTIL_MODES)}")
+    if until == "task":
+        return TASK_RULES
+    if (family, interface) not in CLASS_RULES:
+        known = ", ".join(f"{f}/{i}" for f, i in CLASS_RULES)
+        raise ValueError(f"no lmms-eval reference class is recorded for {family}/{interface} (known: {known}); "
+                         "add it to lvspec_eval/models/parity.py or pass until=task")
+    return CLASS_RULES[(family, interface)]
+
+
+def stop_strings(until: tuple[str, ...], rules: ClassRules) -> tuple[str, ...]:
+    """The stop strings a request's answer is cut at, from the task's `until`."""
+    if rules.until == "ignore":
+        return ()
+    if rules.until == "no_blank_line":
+        return tuple(s for s in until if s != BLANK_LINE)
+    return until

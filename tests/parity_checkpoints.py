@@ -1,0 +1,115 @@
+"""Tiny random checkpoints saved in each family's public folder layout, for tests/test_parity.py.
+
+Saved the way a released checkpoint is: weights and config, tokenizer, the processor's configs
+(preprocessor_config.json, video_preprocessor_config.json, processor_config.json) and the family's
+public chat template, so that lmms-eval's own classes load them with AutoProcessor. Saving the
+processor needs torchvision (transformers' video processors), so this module runs inside
+tests/parity_reference.py's subprocess. The tokenizer is the demo's (a 512-token vocabulary with
+Qwen's special tokens): every prompt and answer still goes through the real templates and classes.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "lvspec_eval" / "demo" / "checkpoints" / "tokenizer"
+INIT_RANGE = 0.3  # well-separated greedy choices (tests/conftest.py), so bf16 rounding cannot flip them
+
+# The public Qwen2-VL / Qwen2.5-VL chat template (the checkpoints' chat_template.json)
+QWEN2_5_VL_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_qwen2_5_vl(path: Path) -> None:
+    from transformers import (AutoTokenizer, GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
+                              Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    ids = tok.convert_tokens_to_ids
+    head_dim, hidden = 16, 64
+    text = dict(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=2, num_attention_heads=hidden // head_dim,
+                num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=32768,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                bos_token_id=0, eos_token_id=ids("<|im_end|>"), pad_token_id=0, tie_word_embeddings=False,
+                initializer_range=INIT_RANGE)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden, patch_size=14,
+                  temporal_patch_size=2, spatial_merge_size=2, window_size=112, fullatt_block_indexes=[1],
+                  tokens_per_second=2, initializer_range=INIT_RANGE)
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
+                              video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+                              vision_end_token_id=ids("<|vision_end|>"), eos_token_id=ids("<|im_end|>"),
+                              pad_token_id=0, tie_word_embeddings=False, initializer_range=INIT_RANGE)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    # As released: generate() stops at <|im_end|> and <|endoftext|>; lmms-eval passes the tokenizer's eos only.
+    model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=[ids("<|im_end|>"), ids("<|endoftext|>")],
+                                               pad_token_id=0, do_sample=False)
+    model.save_pretrained(path)
+    limits = {"size": {"shortest_edge": 3136, "longest_edge": 12845056}}  # Qwen2.5-VL's released limits
+    processor = Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(**limits),
+                                    video_processor=Qwen2VLVideoProcessor(**limits), tokenizer=tok,
+                                    chat_template=QWEN2_5_VL_TEMPLATE)
+    processor.save_pretrained(path)
+
+
+
+# LLaVA-OneVision's public processor template (transformers' own LLaVA-OneVision processor tests use it)
+LLAVA_ONEVISION_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}{# Render all images first #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>' }}{% endfor %}"
+    "{# Render all video then #}{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
+    "{{ '<video>' }}{% endfor %}{# Render all text next #}{% if message['role'] != 'assistant' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ '\\n' + content['text'] }}"
+    "{% endfor %}{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ '\\n' + content['text'] }}{% endgeneration %}{% endfor %}{% endif %}{{'<|im_end|>'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def build_llava_onevision(path: Path) -> None:
+    from transformers import (AutoTokenizer, LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
+                              LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor,
+                              Qwen2Config, SiglipVisionConfig)
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>", "<video>"]})
+    tok.chat_template = None  # the demo tokenizer's own
+    ids = tok.convert_tokens_to_ids
+    text = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+                       eos_token_id=tok.eos_token_id, pad_token_id=0, tie_word_embeddings=False,
+                       initializer_range=INIT_RANGE)
+    side = 56  # a 4x4 patch grid, pooled to 2x2 tokens per frame (a released 384 px SigLIP: 27x27 -> 14x14)
+    vision = SiglipVisionConfig(image_size=side, patch_size=14, hidden_size=32, intermediate_size=64,
+                                num_hidden_layers=2, num_attention_heads=2, vision_use_head=False,
+                                initializer_range=INIT_RANGE)
+    config = LlavaOnevisionConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                  image_token_index=ids("<image>"), video_token_index=ids("<video>"),
+                                  vision_feature_select_strategy="full", vision_feature_layer=-1,
+                                  initializer_range=INIT_RANGE)
+    LlavaOnevisionForConditionalGeneration(config).eval().save_pretrained(path)
+    norm = {"image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+    processor = LlavaOnevisionProcessor(
+        image_processor=LlavaOnevisionImageProcessor(size={"height": side, "width": side}, **norm),
+        video_processor=LlavaOnevisionVideoProcessor(size={"height": side, "width": side}, **norm), tokenizer=tok,
+        num_image_tokens=(side // 14) ** 2, vision_feature_select_strategy="full",
+        chat_template=LLAVA_ONEVISION_TEMPLATE)
+    processor.save_pretrained(path)
+    # the legacy layout: the processor's template in chat_template.json, none in the tokenizer (lmms-eval's
+    # simple llava_hf then renders with its Vicuna fallback, ours must too)
+    template = (path / "chat_template.jinja").read_text()
+    (path / "chat_template.jinja").unlink()
+    (path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+
