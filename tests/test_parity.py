@@ -164,7 +164,7 @@ def run_ours(interface: str, checkpoint: Path, doc: dict, gen_kwargs: dict, dtyp
     prepare, generate = lm.runner.target.prepare, lm.runner.generate
 
     def capture_prepare(prompt, videos):
-        record["inputs"], (record["frames"], record["fps"]) = prepare(prompt, videos), videos[0]
+        record["inputs"], (record["frames"], record["fps"]) = prepare(prompt, videos), videos[0][:2]
         return record["inputs"]
 
     def capture_generate(*args, **kwargs):
