@@ -67,8 +67,9 @@ ARCHITECTURES = {
                           intermediate=18944, vocab=152064, tie=False),
     "qwen2.5-vl-32b": dict(family="qwen2_5_vl", hidden=5120, layers=64, heads=40, kv_heads=8, head_dim=128,
                            intermediate=27648, vocab=152064, tie=False),
-    # Qwen3-VL's text models are Qwen3-1.7B/4B/8B/32B (head_dim 128, 8 KV heads, vocabulary 151,936; the
-    # two small ones tie their embeddings): the hub config.json files of Qwen/Qwen3-VL-{2B,4B,8B,32B}-Instruct.
+    # Qwen3-VL's text models have the shapes of Qwen3-1.7B/4B/8B/32B (head_dim 128, 8 KV heads, vocabulary
+    # 151,936; the two small ones tie their embeddings), as a public Megatron model-provider file lists them
+    # (its 8B entry checked against Qwen/Qwen3-VL-8B-Instruct's config.json); not read from the hub here.
     "qwen3-vl-2b": dict(family="qwen3_vl", hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128,
                         intermediate=6144, vocab=151936, tie=True),
     "qwen3-vl-4b": dict(family="qwen3_vl", hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128,
