@@ -4,7 +4,7 @@ Why: the demo's models are too small for the long-video effects the papers repor
 their decode cost barely depends on the number of visual tokens). What decides a drafter's speed
 at scale is how its per-step cost grows with the video, and that depends only on architecture and
 implementation, not on trained weights. So we time the real architectures (layer counts, widths,
-heads, vocabularies of Qwen2.5-VL-7B/32B and LLaVA-OneVision-0.5B/7B) with random weights,
+heads, vocabularies of Qwen2.5-VL-7B/32B, Qwen3-VL-2B/4B/8B/32B and LLaVA-OneVision-0.5B/7B) with random weights,
 through this project's own backends and drafter (prefill, tree growth, tree-masked forward, cache
 compaction), and combine the timings with acceptance lengths tau (measured by a benchmark run, or
 assumed) into speedups:
@@ -55,6 +55,7 @@ import torch
 from .backends.base import Backend, DecodeState, PreparedInputs, crop_cache
 from .backends.llava_onevision import LlavaOnevisionBackend
 from .backends.qwen2_5_vl import QwenVLBackend
+from .backends.qwen3_vl import Qwen3VLBackend
 from .decoding import tree
 from .decoding.drafters.model import ModelDrafter
 from .decoding.loop import make_clock
@@ -66,6 +67,17 @@ ARCHITECTURES = {
                           intermediate=18944, vocab=152064, tie=False),
     "qwen2.5-vl-32b": dict(family="qwen2_5_vl", hidden=5120, layers=64, heads=40, kv_heads=8, head_dim=128,
                            intermediate=27648, vocab=152064, tie=False),
+    # Qwen3-VL's text models have the shapes of Qwen3-1.7B/4B/8B/32B (head_dim 128, 8 KV heads, vocabulary
+    # 151,936; the two small ones tie their embeddings), as a public Megatron model-provider file lists them
+    # (its 8B entry checked against Qwen/Qwen3-VL-8B-Instruct's config.json); not read from the hub here.
+    "qwen3-vl-2b": dict(family="qwen3_vl", hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128,
+                        intermediate=6144, vocab=151936, tie=True),
+    "qwen3-vl-4b": dict(family="qwen3_vl", hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128,
+                        intermediate=9728, vocab=151936, tie=True),
+    "qwen3-vl-8b": dict(family="qwen3_vl", hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128,
+                        intermediate=12288, vocab=151936, tie=False),
+    "qwen3-vl-32b": dict(family="qwen3_vl", hidden=5120, layers=64, heads=64, kv_heads=8, head_dim=128,
+                         intermediate=25600, vocab=151936, tie=False),
     "llava-ov-0.5b": dict(family="llava_onevision", hidden=896, layers=24, heads=14, kv_heads=2, head_dim=64,
                           intermediate=4864, vocab=151936, tie=True),
     "llava-ov-7b": dict(family="llava_onevision", hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128,
@@ -75,7 +87,11 @@ ARCHITECTURES = {
 PAIRS = {
     "qwen2.5-vl-32b/7b": ("qwen2.5-vl-32b", "qwen2.5-vl-7b"),  # SpecVLM, LVSpec
     "llava-ov-7b/0.5b": ("llava-ov-7b", "llava-ov-0.5b"),  # Sparrow's target with a Std-SD draft
+    "qwen3-vl-8b/2b": ("qwen3-vl-8b", "qwen3-vl-2b"),
+    "qwen3-vl-32b/2b": ("qwen3-vl-32b", "qwen3-vl-2b"),
 }
+MODEL_CLASSES = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen3_vl": "Qwen3VLForConditionalGeneration",
+                 "llava_onevision": "LlavaOnevisionForConditionalGeneration"}
 DRAFTERS = ("full", "pruned", "sparrow")
 # Assumed when no measurement is given: Sparrow's published tau (3.8); the two model drafts a
 # little lower, the pruned one below the full one (SpecVLM reports small losses from pruning).
@@ -165,8 +181,10 @@ def text_config(arch: dict) -> dict:
     """transformers text_config keys; Qwen's M-RoPE splits head_dim / 2 as 16/24/24 of 64 does."""
     hd = arch["head_dim"]
     rope = {"rope_type": "default", "rope_theta": 1_000_000.0}
-    if arch["family"] == "qwen2_5_vl":
+    if arch["family"] in ("qwen2_5_vl", "qwen3_vl"):
         rope["mrope_section"] = [hd // 8, 3 * hd // 16, 3 * hd // 16]
+    if arch["family"] == "qwen3_vl":
+        rope["mrope_interleaved"] = True
     eos = arch["vocab"] - 5
     return dict(model_type="qwen2", vocab_size=arch["vocab"], hidden_size=arch["hidden"],
                 num_hidden_layers=arch["layers"], num_attention_heads=arch["heads"],
@@ -182,9 +200,17 @@ def special_ids(vocab: int) -> dict:
 
 def model_config(arch: dict):
     """A full VLM config with a one-layer stand-in vision tower (never run: features are random)."""
-    from transformers import LlavaOnevisionConfig, Qwen2_5_VLConfig
+    from transformers import LlavaOnevisionConfig, Qwen2_5_VLConfig, Qwen3VLConfig
 
     text, ids = text_config(arch), special_ids(arch["vocab"])
+    if arch["family"] == "qwen3_vl":
+        text.pop("model_type")
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=arch["hidden"],
+                      patch_size=16, temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16,
+                      deepstack_visual_indexes=[])
+        return Qwen3VLConfig(text_config=text, vision_config=vision, video_token_id=ids["video"],
+                             image_token_id=ids["image"], vision_start_token_id=ids["vision_start"],
+                             vision_end_token_id=ids["vision_end"], tie_word_embeddings=arch["tie"])
     if arch["family"] == "qwen2_5_vl":
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=arch["hidden"],
                       patch_size=14, temporal_patch_size=2, spatial_merge_size=2, window_size=112,
@@ -246,8 +272,24 @@ class SyntheticQwen(_Synthetic, QwenVLBackend):
         inputs.positions, inputs.extra["rope_delta"] = self._rope(inputs)
 
 
+class SyntheticQwen3(_Synthetic, Qwen3VLBackend):
+    """Qwen3-VL's decoder (QK norm, interleaved M-RoPE) on one block of visual tokens; no timestamps
+    and no DeepStack rows (the tower is not run: adding its features costs next to nothing)."""
+
+    def attach_positions(self, inputs: PreparedInputs, num_visual: int) -> None:
+        if num_visual:  # one temporal patch, one merged row of num_visual tokens
+            inputs.model_kwargs = {"video_grid_thw": torch.tensor([[1, 2, 2 * num_visual]], device=self.device)}
+        inputs.positions, inputs.extra["rope_delta"] = self._rope(inputs)
+
+    def vision_outputs(self, inputs: PreparedInputs):
+        return self.visual_features(inputs), []
+
+
 class SyntheticLlava(_Synthetic, LlavaOnevisionBackend):
     pass
+
+
+SYNTHETIC = {"qwen2_5_vl": SyntheticQwen, "qwen3_vl": SyntheticQwen3, "llava_onevision": SyntheticLlava}
 
 
 def grid_for(num_visual: int) -> tuple[int, int]:
@@ -264,13 +306,9 @@ def grid_for(num_visual: int) -> tuple[int, int]:
 
 def build_backend(arch: dict, cfg: CostConfig) -> Backend:
     """A random-weight model of `arch` on cfg.device in cfg.dtype, wrapped in its backend."""
-    from transformers import (
-        LlavaOnevisionForConditionalGeneration,
-        Qwen2_5_VLForConditionalGeneration,
-    )
+    import transformers
 
-    cls = {"qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
-           "llava_onevision": LlavaOnevisionForConditionalGeneration}[arch["family"]]
+    cls = getattr(transformers, MODEL_CLASSES[arch["family"]])
     torch.manual_seed(cfg.seed)
     with torch.device(cfg.device):
         model = cls._from_config(model_config(arch), dtype=getattr(torch, cfg.dtype),
@@ -278,8 +316,7 @@ def build_backend(arch: dict, cfg: CostConfig) -> Backend:
     eos = text_config(arch)["eos_token_id"]
     model.generation_config.eos_token_id = eos
     tokenizer = types.SimpleNamespace(eos_token_id=eos)  # consulted for EOS only; nothing is decoded
-    backend_cls = SyntheticQwen if arch["family"] == "qwen2_5_vl" else SyntheticLlava
-    backend = backend_cls(model, tokenizer, cfg.device)
+    backend = SYNTHETIC[arch["family"]](model, tokenizer, cfg.device)
     backend.depth_factor = arch.get("real_layers", arch["layers"]) / arch["layers"]  # see timed_call
     return backend
 

@@ -142,15 +142,13 @@ def backend_without_weights(name: str, parsed):
     from transformers import AutoConfig
 
     from .backends.chat_template import load_tokenizer
-    from .backends.loading import _families, _model_class, _preprocess_overrides, resolve_path
+    from .backends.loading import _families, _model_class, _preprocess_overrides, check_model_type, resolve_path
 
     path = resolve_path(name)
     local = {} if Path(path).is_dir() else {"local_files_only": True}  # a hub id: the cache only, no download
     config = AutoConfig.from_pretrained(path, **local)
+    check_model_type(name, config.model_type)  # Qwen3.5's hybrid layers: refused, saying why
     families = _families()
-    if config.model_type not in families:
-        raise ValueError(f"{name}: model_type {config.model_type!r} is not supported; expected one of "
-                         f"{', '.join(families)}")
     with torch.device("meta"):
         model = _model_class(config.model_type)(config).eval()
     overrides = _preprocess_overrides(path, parsed.video_rule, min_pixels=parsed.min_pixels,
@@ -176,13 +174,14 @@ def check_templates(parsed, video: str | None) -> list[Check]:
     if uses_draft_model(parsed):
         names.append(("draft", parsed.draft))
     try:
-        frames, fps, source = sample_frames(video, parsed)
+        request, source = sample_frames(video, parsed)
     except (OSError, ValueError) as err:  # VideoError is a ValueError; OSError: a checkpoint not found
         return [Check("FAIL", "video", f"{video}: {err}")]
-    return [check_template(role, name, parsed, frames, fps, source) for role, name in names]
+    return [check_template(role, name, parsed, request, source) for role, name in names]
 
 
-def check_template(role: str, name: str, parsed, frames, fps: float, source: str) -> Check:
+def check_template(role: str, name: str, parsed, request: tuple, source: str) -> Check:
+    """request: the video as a run hands it to `prepare` (frames, fps, original indices, native fps)."""
     from .backends.chat_template import check_video_template
 
     what = f"chat template {role}={name}"
@@ -192,7 +191,7 @@ def check_template(role: str, name: str, parsed, frames, fps: float, source: str
         return Check("WARN", what, f"not checked: {err}")
     try:
         check_video_template(backend.tokenizer, backend.video_token_id, f"{role}={name}")
-        inputs = backend.prepare("Describe the video.", [(frames, fps)])
+        inputs = backend.prepare("Describe the video.", [request])
     except ValueError as err:
         return Check("FAIL", what, str(err))
     n = int(inputs.input_ids.shape[1])
@@ -206,7 +205,8 @@ def check_template(role: str, name: str, parsed, frames, fps: float, source: str
 
 
 def sample_frames(video: str | None, parsed):
-    """(frames uint8 [T, H, W, 3], fps, description) as the run samples them (video_rule, fps, max_frames)."""
+    """((frames uint8 [T, H, W, 3], fps, original indices, native fps), description) as the run samples
+    them (video_rule, fps, max_frames)."""
     import numpy as np
 
     from .models.video import load_video
@@ -215,11 +215,12 @@ def sample_frames(video: str | None, parsed):
     if video is not None:
         loaded = load_video(video, plan=plan)
         t, h, w, _ = loaded.frames.shape
-        return loaded.frames, loaded.fps, f"{video} ({t} frames of {w}x{h})"
+        return loaded.request(), f"{video} ({t} frames of {w}x{h})"
     seconds, native_fps, h, w = NOMINAL_VIDEO
-    count = len(plan.indices(int(seconds * native_fps), native_fps))
-    frames = np.zeros((count, h, w, 3), dtype=np.uint8)
-    return frames, count / seconds, f"{NOMINAL} {seconds:.0f} s {w}x{h} video ({count} frames; --video for yours)"
+    indices = plan.indices(int(seconds * native_fps), native_fps)
+    frames = np.zeros((len(indices), h, w, 3), dtype=np.uint8)
+    return ((frames, len(indices) / seconds, indices, native_fps),
+            f"{NOMINAL} {seconds:.0f} s {w}x{h} video ({len(indices)} frames; --video for yours)")
 
 
 def first_task_video(names: list[str], include_path: Path) -> str | None:

@@ -17,6 +17,13 @@ from .decoding import loop, methods
 class VideoInput:
     frames: np.ndarray  # uint8 [T, H, W, 3]
     fps: float  # rate at which the frames were sampled
+    indices: np.ndarray | None = None  # each frame's index in the file (None: 0..T-1 at `fps`)
+    native_fps: float | None = None  # the file's own frame rate
+
+    def request(self) -> tuple:
+        """What a backend's `prepare` takes: (frames, fps, indices, native fps). Qwen3-VL writes each
+        temporal patch's time from the original indices and the native rate."""
+        return self.frames, self.fps, self.indices, self.native_fps
 
 
 @dataclass
@@ -67,7 +74,7 @@ class Runner:
     def generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int,
                  until: tuple[str, ...] = ()) -> Generation:
         def decode(drafter, verifier) -> loop.Output:
-            return loop.generate(self.target, drafter, verifier, prompt, [(v.frames, v.fps) for v in videos],
+            return loop.generate(self.target, drafter, verifier, prompt, [v.request() for v in videos],
                                  max_new_tokens, tuple(until))
 
         baseline_first = self.baseline is not None and self._requests % 2 == 1  # alternate: drift cancels out

@@ -3,6 +3,7 @@
     python scripts/gpu_check.py --pretrained Qwen/Qwen2.5-VL-7B-Instruct                # Self-SD
     python scripts/gpu_check.py --pretrained Qwen/Qwen2.5-VL-32B-Instruct \
         --draft Qwen/Qwen2.5-VL-7B-Instruct --device_map auto --attn flash_attention_2
+    python scripts/gpu_check.py --pretrained Qwen/Qwen3-VL-8B-Instruct --draft Qwen/Qwen3-VL-2B-Instruct
 
 It runs, through lmms-eval exactly as a real run does, a few samples of the demo's synthvid_caption
 task (synthetic videos generated locally: no data download) with vanilla and each method, paired

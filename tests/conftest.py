@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 from transformers import (AutoTokenizer, LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration, Qwen2Config,
-                          Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, SiglipVisionConfig)
+                          Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen3VLConfig,
+                          Qwen3VLForConditionalGeneration, SiglipVisionConfig)
 
 from lvspec_eval.backends.base import Backend, PreparedInputs
 from lvspec_eval.backends.loading import load_backend
@@ -87,11 +88,64 @@ def _qwen_hf_kwargs(backend: Backend, inputs: PreparedInputs, ids: torch.Tensor)
     return kwargs
 
 
+def _qwen3_hf_kwargs(backend: Backend, inputs: PreparedInputs, ids: torch.Tensor) -> dict:
+    """As Qwen2.5-VL's; transformers keeps `rope_deltas` on the model between calls: reset it, so
+    that every reference forward computes its positions afresh."""
+    backend.model.model.rope_deltas = None
+    return _qwen_hf_kwargs(backend, inputs, ids)
+
+
 def _save_qwen(model, tokenizer, path: Path) -> None:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     # A small pixel budget, read back by load_backend: frames are rounded to multiples of 28 px, at most 84x84.
     (path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 28 * 28, "max_pixels": 84 * 84}))
+
+
+# ------------------------------------------------------------------------------------------------
+# Qwen3-VL
+
+
+def qwen3_config(tokenizer, hidden: int, layers: int, deepstack: int = 2) -> Qwen3VLConfig:
+    """A tiny Qwen3-VL: patch 16, merge 2, a 4x4 learned position table, DeepStack features from the
+    first `deepstack` vision blocks added after the first `deepstack` text layers, interleaved M-RoPE."""
+    ids = tokenizer.convert_tokens_to_ids
+    head_dim = 16
+    heads = hidden // head_dim
+    text = dict(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=max(1, heads // 2), head_dim=head_dim, intermediate_size=2 * hidden,
+                max_position_embeddings=4096,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_interleaved": True,
+                                 "mrope_section": [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]},
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=0, initializer_range=INIT_RANGE)
+    vision = dict(depth=deepstack + 1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden,
+                  patch_size=16, temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16,
+                  deepstack_visual_indexes=list(range(deepstack)), initializer_range=INIT_RANGE)
+    return Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
+                         video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+                         vision_end_token_id=ids("<|vision_end|>"), tie_word_embeddings=False,
+                         initializer_range=INIT_RANGE)
+
+
+def save_qwen3(model, tokenizer, path: Path) -> None:
+    """The public folder layout: config, safetensors, tokenizer files, and a video processor config
+    whose budget is the whole clip (Qwen3-VL's video processor: shortest/longest edge over all frames)."""
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / "preprocessor_config.json").write_text(json.dumps(
+        {"size": {"shortest_edge": 32 * 32, "longest_edge": 96 * 96}, "image_mean": [0.5] * 3,
+         "image_std": [0.5] * 3, "patch_size": 16, "merge_size": 2, "temporal_patch_size": 2}))
+    (path / "video_preprocessor_config.json").write_text(json.dumps(
+        {"size": {"shortest_edge": 32 * 32, "longest_edge": 4 * 96 * 96}, "image_mean": [0.5] * 3,
+         "image_std": [0.5] * 3, "patch_size": 16, "merge_size": 2, "temporal_patch_size": 2}))
+
+
+def build_qwen3_checkpoint(path: Path, hidden: int = 64, layers: int = 3, seed: int = 5, deepstack: int = 2) -> Path:
+    """Save a tiny random Qwen3-VL checkpoint at `path` (the lmms-eval CLI tests load it by folder)."""
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    torch.manual_seed(seed)
+    save_qwen3(Qwen3VLForConditionalGeneration(qwen3_config(tok, hidden, layers, deepstack)).eval(), tok, path)
+    return path
 
 
 # ------------------------------------------------------------------------------------------------
@@ -164,12 +218,21 @@ def llava_family(tmp_path_factory) -> Family:
     return Family("llava_onevision", target, draft, _llava_hf_kwargs, max_side=80)
 
 
-FAMILY_FIXTURES = {"qwen2_5_vl": "qwen_family", "llava_onevision": "llava_family"}
+@pytest.fixture(scope="session")
+def qwen3_family(tmp_path_factory) -> Family:
+    """Target: 3 text layers, DeepStack after layers 1 and 2; draft: its own tower, DeepStack after layer 1."""
+    root = tmp_path_factory.mktemp("qwen3")
+    target = load_backend(str(build_qwen3_checkpoint(root / "target", 64, 3, seed=5, deepstack=2)))
+    draft = load_backend(str(build_qwen3_checkpoint(root / "draft", 32, 2, seed=6, deepstack=1)))
+    return Family("qwen3_vl", target, draft, _qwen3_hf_kwargs, max_side=96)
+
+
+FAMILY_FIXTURES = {"qwen2_5_vl": "qwen_family", "llava_onevision": "llava_family", "qwen3_vl": "qwen3_family"}
 
 
 @pytest.fixture(params=list(FAMILY_FIXTURES))
 def family(request) -> Family:
-    """Both families; narrow with @pytest.mark.parametrize("family", [name], indirect=True)."""
+    """Every family; narrow with @pytest.mark.parametrize("family", [name], indirect=True)."""
     return request.getfixturevalue(FAMILY_FIXTURES[request.param])
 
 

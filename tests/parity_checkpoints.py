@@ -65,6 +65,45 @@ def build_qwen2_5_vl(path: Path) -> None:
 
 
 
+# Qwen3-VL's chat template renders a video part as Qwen2.5-VL's does; it adds no default system turn.
+QWEN3_VL_TEMPLATE = QWEN2_5_VL_TEMPLATE.replace(
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}", "")
+
+
+def build_qwen3_vl(path: Path) -> None:
+    """Qwen3-VL: patch 16, merge 2, DeepStack after the first two of three text layers, mean/std 0.5."""
+    from transformers import (AutoTokenizer, GenerationConfig, Qwen2VLImageProcessor, Qwen3VLConfig,
+                              Qwen3VLForConditionalGeneration, Qwen3VLProcessor, Qwen3VLVideoProcessor)
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    ids = tok.convert_tokens_to_ids
+    head_dim, hidden = 16, 64
+    text = dict(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=3, num_attention_heads=hidden // head_dim,
+                num_key_value_heads=2, head_dim=head_dim, intermediate_size=2 * hidden, max_position_embeddings=32768,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                 "mrope_interleaved": True},
+                eos_token_id=ids("<|im_end|>"), pad_token_id=0, initializer_range=INIT_RANGE)
+    vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden, patch_size=16,
+                  temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16,
+                  deepstack_visual_indexes=[0, 1], initializer_range=INIT_RANGE)
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
+                           video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+                           vision_end_token_id=ids("<|vision_end|>"), tie_word_embeddings=False,
+                           initializer_range=INIT_RANGE)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=[ids("<|im_end|>"), ids("<|endoftext|>")],
+                                               pad_token_id=0, do_sample=False)
+    model.save_pretrained(path)
+    mean_std = {"image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+    processor = Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(patch_size=16, merge_size=2, **mean_std,
+                                              size={"shortest_edge": 65536, "longest_edge": 16777216}),
+        video_processor=Qwen3VLVideoProcessor(**mean_std, size={"shortest_edge": 4096, "longest_edge": 25165824}),
+        tokenizer=tok, chat_template=QWEN3_VL_TEMPLATE)
+    processor.save_pretrained(path)
+
+
 # LLaVA-OneVision's public processor template (transformers' own LLaVA-OneVision processor tests use it)
 LLAVA_ONEVISION_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}{# Render all images first #}"

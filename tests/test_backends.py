@@ -135,9 +135,24 @@ def _record_positions(backend):
         handle.remove()
 
 
+def _hf_deepstack(backend, inputs, length: int) -> dict:
+    """What transformers' own Qwen3VLModel.forward hands its text model for a full prompt (+ text
+    after it): DeepStack features from its own get_video_features, on the video pad rows. Other
+    families: nothing."""
+    if getattr(backend.model.config, "model_type", "") not in ("qwen3_vl", "qwen3_vl_moe") or not inputs.model_kwargs:
+        return {}
+    kw = inputs.model_kwargs
+    with torch.no_grad():
+        out = backend.model.model.get_video_features(kw["pixel_values_videos"], kw["video_grid_thw"], return_dict=True)
+    rows = torch.zeros(1, length, dtype=torch.bool)
+    rows[0, : inputs.input_ids.shape[1]] = inputs.input_ids[0] == backend.model.config.video_token_id
+    return {"visual_pos_masks": rows, "deepstack_visual_embeds": [torch.cat(f) for f in out.deepstack_features]}
+
+
 def _masked_full_logits(backend, inputs, dropped: torch.Tensor, extra: list[int]) -> torch.Tensor:
     """Reference for a pruned prefill: the full sequence, dropped positions hidden from all later
-    queries (each still sees itself so its row stays finite), original positions everywhere."""
+    queries (each still sees itself so its row stays finite), original positions everywhere, and
+    (Qwen3-VL) transformers' own DeepStack features on every video row."""
     embeds = backend.input_embeds(inputs)
     positions = backend.prefill_positions(inputs)
     if extra:
@@ -151,7 +166,8 @@ def _masked_full_logits(backend, inputs, dropped: torch.Tensor, extra: list[int]
     visible |= torch.eye(length, dtype=torch.bool)
     mask = additive_mask(0, visible, embeds.dtype, backend.device)
     with torch.no_grad():
-        out = backend.text_model()(inputs_embeds=embeds, position_ids=positions, attention_mask=mask)
+        out = backend.text_model()(inputs_embeds=embeds, position_ids=positions, attention_mask=mask,
+                                   **_hf_deepstack(backend, inputs, length))
     return backend.lm_head(out.last_hidden_state[:, -1])[0]
 
 
@@ -184,12 +200,13 @@ def _eager_visual_attention(backend, inputs) -> torch.Tensor:
     try:
         with torch.no_grad():
             out = backend.text_model()(inputs_embeds=backend.input_embeds(inputs),
-                                       position_ids=backend.prefill_positions(inputs), output_attentions=True)
+                                       position_ids=backend.prefill_positions(inputs), output_attentions=True,
+                                       **_hf_deepstack(backend, inputs, inputs.input_ids.shape[1]))
     finally:
         config._attn_implementation = original
     start, end = inputs.visual_span
-    maps = torch.stack([a[0, :, end:, start:end] for a in out.attentions])  # [layers, heads, q, num_visual]
-    return maps.mean(dim=(0, 1, 2))
+    maps = torch.stack([a[0, :, end:, start:end] for a in out.attentions])  # [layers, heads, q, span]
+    return maps.mean(dim=(0, 1, 2))[inputs.visual_mask[start:end]]  # the video tokens' (not timestamps')
 
 
 def test_visual_attention_scores_and_unchanged_logits(family, make_case):

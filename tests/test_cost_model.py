@@ -118,9 +118,10 @@ def test_each_drafter_holds_its_share_of_the_video(tiny_result):
     assert kv["llava-ov-7b/0.5b", "full", 64] == 64
     assert kv["llava-ov-7b/0.5b", "pruned", 64] == 6
     assert kv["llava-ov-7b/0.5b", "sparrow", 64] == 0
-    sparrow = [r["draft_tree_ms"] for r in tiny_result["rows"]
-               if r["drafter"] == "sparrow" and r["pair"].startswith("qwen")]
-    assert len(set(sparrow)) == 1  # no visual KV: one cost for every video length
+    assert kv["qwen3-vl-8b/2b", "full", 64] == 64 and kv["qwen3-vl-8b/2b", "pruned", 64] == 6
+    for pair in cm.PAIRS:
+        sparrow = [r["draft_tree_ms"] for r in tiny_result["rows"] if r["drafter"] == "sparrow" and r["pair"] == pair]
+        assert len(sparrow) == 2 and len(set(sparrow)) == 1  # no visual KV: one cost for every video length
 
 
 def test_rows_time_tree_growth_and_compaction(tiny_result):

@@ -1,7 +1,7 @@
 """The invariant: exact methods are token-identical to vanilla greedy decoding (fp32, batch 1).
 
 Modelled on transformers' test_assisted_decoding_matches_greedy_search: random prompts and videos
-(random frame counts and sizes, some without a video), both tiny families, SD-Tree and SpecVLM
+(random frame counts and sizes, some without a video), every tiny family, SD-Tree and SpecVLM
 with a separate random draft (Std-SD: low acceptance, same output) and with the target drafting
 for itself (Self-SD; SpecVLM's on the pruned video), over dynamic, static and chain trees.
 Also: vanilla equals HF `generate`, and the target drafting on the full video accepts every
@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from lvspec_eval.decoding import loop, methods
 
+from conftest import FAMILY_FIXTURES
+
 MAX_NEW_TOKENS = 12
 # Small trees keep the suite fast; `dynamic` still prunes (4 + 3 * 16 candidates -> 12 kept).
 TREES = {
@@ -29,7 +31,7 @@ TREES = {
 }
 METHODS = ("sd_tree", "specvlm")
 DRAFTS = ("std", "self")  # std: the family's separate small draft; self: draft=None (the target)
-FAMILIES = ("qwen2_5_vl", "llava_onevision")
+FAMILIES = ("qwen2_5_vl", "llava_onevision", "qwen3_vl")
 
 _vanilla_cache: dict[tuple[str, int, int], list[int]] = {}
 
@@ -89,9 +91,8 @@ def test_exact_methods_match_vanilla(family, make_case, method, draft, tree_kind
 @settings(max_examples=6, deadline=None, derandomize=True)
 @given(fam=st.sampled_from(FAMILIES), method=st.sampled_from(METHODS), draft=st.sampled_from(DRAFTS),
        tree_kind=st.sampled_from(list(TREES)), seed=st.integers(1000, 10**6), max_new=st.integers(1, 16))
-def test_exact_methods_match_vanilla_property(qwen_family, llava_family, make_case, fam, method, draft, tree_kind,
-                                              seed, max_new):
-    family = qwen_family if fam == "qwen2_5_vl" else llava_family
+def test_exact_methods_match_vanilla_property(request, make_case, fam, method, draft, tree_kind, seed, max_new):
+    family = request.getfixturevalue(FAMILY_FIXTURES[fam])
     _check_lossless(family, make_case, method, draft, tree_kind, seed, max_new)
 
 

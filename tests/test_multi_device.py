@@ -219,3 +219,30 @@ def test_the_clock_waits_for_every_cuda_device(monkeypatch):
     synced.clear()
     loop.make_clock([torch.device("cpu")])()
     assert synced == []
+
+
+@pytest.mark.parametrize("method", ("vanilla", "sd_tree", "specvlm", "fly", "lvspec"))
+def test_qwen3_vl_decodes_split_over_two_devices(method, qwen3_family):
+    """Qwen3-VL's DeepStack features come from the tower on the first device and are added after
+    layers that sit on the second (the tiny target's layers 2-3, the draft's layer 2), and its
+    pruned drafts gather them by the kept indices: the same tokens as on one device."""
+    import contextlib
+
+    import numpy as np
+
+    paths = [str(b.model.name_or_path) for b in (qwen3_family.target, qwen3_family.draft)]
+    frames = np.random.default_rng(3).integers(0, 256, size=(4, 64, 96, 3), dtype=np.uint8)
+    video = VideoInput(frames, 2.0, np.array([0, 10, 20, 30]), 20.0)
+
+    def decode(split: bool) -> list[int]:
+        target, draft = load_backend(paths[0]), load_backend(paths[1])
+        if split:
+            split_over_two_devices(target)
+            split_over_two_devices(draft)
+        with TwoDevices() if split else contextlib.nullcontext():
+            # a fixed tree: the adaptive one follows the clock, and a lossy method's tokens with it
+            runner = Runner(paths[0], method, draft=paths[1], target_backend=target, draft_backend=draft,
+                            options={"tree": "dynamic", "tree_depth": 3, "tree_topk": 2, "tree_total": 6})
+            return runner.generate("describe the video", [video], 12).tokens
+
+    assert decode(True) == decode(False)

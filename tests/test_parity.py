@@ -15,7 +15,7 @@ installed into the environment), and the subprocess puts that folder on its path
 module that fails, `torchvision._meta_registrations` (it registers the C operators' shapes), with an
 empty module. Everything the classes call is torchvision's own pure-Python code; decord is a real build.
 
-A new family (Qwen3-VL: lmms-eval's chat `qwen3_vl`) adds one entry to FAMILIES: its checkpoint builder
+A new family adds one entry to FAMILIES (Qwen3-VL: lmms-eval's simple `qwen3_vl`): its checkpoint builder
 (a function in tests/parity_checkpoints.py), lmms-eval's classes, their dtype and our pixel function.
 """
 from __future__ import annotations
@@ -71,12 +71,17 @@ QWEN_CLASSES = {"chat": ["lmms_eval.models.chat.qwen2_5_vl", "Qwen2_5_VL", {"dev
                 "simple": ["lmms_eval.models.simple.qwen2_5_vl", "Qwen2_5_VL", {"device_map": "cpu"}]}
 # llava_hf's chat class hands the video paths to transformers' processor, which decodes every frame with
 # torchcodec (not installable here); its simple class samples 32 frames with decord
+# lmms-eval's chat qwen3_vl asks qwen-vl-utils for 32 frames whatever the video has, which raises on this
+# 9-frame clip (its simple class caps the count at the video's length)
+QWEN3_CLASSES = {"simple": ["lmms_eval.models.simple.qwen3_vl", "Qwen3_VL", {"device_map": "cpu"}]}
 LLAVA_CLASSES = {"simple": ["lmms_eval.models.simple.llava_hf", "LlavaHf", {"device_map": "cpu"}]}
 FAMILIES = {
     # the classes force bfloat16; the simple one drops `<image>` from the context
     "qwen2_5_vl": FamilyCase("build_qwen2_5_vl", QWEN_CLASSES, "bfloat16", qwen_pixels,
                              "<image>what colour is the ball", qwen_kept),
     "llava_onevision": FamilyCase("build_llava_onevision", LLAVA_CLASSES, "float32", llava_pixels),  # dtype=auto
+    # bfloat16 forced too; min(32, N) frames (rounded to pairs), timestamps in the text
+    "qwen3_vl": FamilyCase("build_qwen3_vl", QWEN3_CLASSES, "bfloat16", qwen_pixels, "<image>what colour is the ball"),
 }
 CASES = [(f, i) for f, case in FAMILIES.items() for i in case.classes]
 
@@ -164,7 +169,7 @@ def run_ours(interface: str, checkpoint: Path, doc: dict, gen_kwargs: dict, dtyp
     prepare, generate = lm.runner.target.prepare, lm.runner.generate
 
     def capture_prepare(prompt, videos):
-        record["inputs"], (record["frames"], record["fps"]) = prepare(prompt, videos), videos[0]
+        record["inputs"], (record["frames"], record["fps"]) = prepare(prompt, videos), videos[0][:2]
         return record["inputs"]
 
     def capture_generate(*args, **kwargs):

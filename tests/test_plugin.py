@@ -275,3 +275,44 @@ def test_cli_data_parallel_on_cpu(tiny_model, synthvid, tmp_path):
     assert results_files(tmp_path)
     ranks = {(r["doc_id"], r["rank"]) for r in read_jsonl(stats)}
     assert {0, 1} <= {rank for _, rank in ranks} and {0, 1, 2} <= {doc for doc, _ in ranks}
+
+
+@pytest.fixture(scope="module")
+def qwen3_folders(tmp_path_factory) -> dict[str, Path]:
+    """A tiny random Qwen3-VL target, a smaller draft (its own tower and DeepStack), and a Sparrow
+    head trained for the target by `train-sparrow` on two short videos."""
+    from conftest import build_qwen3_checkpoint
+    from test_sparrow_any_target import VIDEOS, _train, write_mp4
+
+    root = tmp_path_factory.mktemp("qwen3")
+    target = build_qwen3_checkpoint(root / "target", 64, 3, seed=5, deepstack=2)
+    draft = build_qwen3_checkpoint(root / "draft", 32, 2, seed=6, deepstack=1)
+    for seed, (name, frames, fps, height, width) in enumerate(VIDEOS[:2]):
+        write_mp4(root / "videos" / name, frames, fps, height, width, seed)
+    assert _train(str(target), root / "videos", root / "head") == 0
+    return {"target": target, "draft": draft, "head": root / "head"}
+
+
+QWEN3_METHOD_ARGS = {"vanilla": "", "sd_tree": "draft={draft}", "specvlm": "", "sparrow": "sparrow_head={head}",
+                     "fly": "draft={draft}", "lvspec": "draft={draft}"}
+
+
+@pytest.mark.slow
+def test_cli_runs_every_method_on_a_tiny_qwen3_vl(qwen3_folders, synthvid, tmp_path):
+    """`lmms-eval --model lvspec --model_args pretrained=<tiny qwen3-vl>,method=M --tasks synthvid_caption
+    --limit 2` for every method; the exact ones token-identical to vanilla."""
+    tokens = {}
+    for method, extra in QWEN3_METHOD_ARGS.items():
+        out = tmp_path / method
+        out.mkdir()
+        stats = out / "stats.jsonl"
+        args = f"pretrained={qwen3_folders['target']},method={method},stats_path={stats}"
+        if extra:
+            args += "," + extra.format(**qwen3_folders)
+        proc = run_cli(out, args, TASK, data_root=synthvid)
+        assert proc.returncode == 0 and results_files(out), method + proc.stdout[-3000:] + proc.stderr[-3000:]
+        records = read_jsonl(stats)
+        assert len(records) == 2 and all(r["error"] is None for r in records), method
+        tokens[method] = [r["tokens"] for r in records]
+    for method in ("sd_tree", "specvlm", "sparrow"):
+        assert tokens[method] == tokens["vanilla"], method

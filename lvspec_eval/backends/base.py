@@ -1,6 +1,6 @@
 """What every model family shares: the decode state, tree-masked forwards and cache operations.
 
-A family backend (qwen2_5_vl.py, llava_onevision.py) supplies only what differs: how a prompt
+A family backend (qwen2_5_vl.py, qwen3_vl.py, llava_onevision.py) supplies only what differs: how a prompt
 and its video become model inputs, which positions a token at a given sequence index gets, and
 where the language model's layers are. Everything the decoding loop calls is defined here:
 
@@ -78,14 +78,16 @@ def additive_mask(num_committed: int, visible: torch.Tensor, dtype, device) -> t
 
 
 def run_prompt(text_model, embeds: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
-               visual_span: tuple[int, int], split: int | None = None) -> Iterator[tuple[object, torch.Tensor | None]]:
+               visual_span: tuple[int, int], split: int | None = None,
+               row_inputs=None) -> Iterator[tuple[object, torch.Tensor | None]]:
     """Run a prompt's embeddings [1, L, hidden] into `cache`, in one part, or with `split` in two:
     up to `split` (the end of the video), then the text after it under an explicit causal mask
     while `collect_visual_attention` records the attention that text pays each token of
     `visual_span` (SpecVLM's pruning scores). Yields (the part's output, its scores or None) per
     part, so that a caller can read what hooks captured in between. The engine's prefill and the
     demo draft's pruned distillation (demo/train.py `pruned_keep`) select video tokens from the same
-    scores this way."""
+    scores this way. row_inputs(lo, hi): extra text-model arguments for rows [lo, hi) of `embeds`
+    (Qwen3-VL's DeepStack features go only to the part that holds their rows)."""
     seq_len = embeds.shape[1]
     bounds = [0, seq_len] if split is None else [0, split, seq_len]
     for lo, hi in zip(bounds[:-1], bounds[1:]):
@@ -98,7 +100,8 @@ def run_prompt(text_model, embeds: torch.Tensor, positions: torch.Tensor, cache:
                 if collected else None)
         with collect as col:
             out = text_model(inputs_embeds=embeds[:, lo:hi], position_ids=positions[..., lo:hi],
-                             attention_mask=mask, cache=cache, use_cache=True)
+                             attention_mask=mask, cache=cache, use_cache=True,
+                             **(row_inputs(lo, hi) if row_inputs is not None else {}))
         yield out, (col.scores() if col is not None else None)
 
 
@@ -159,6 +162,11 @@ class Backend:
     def init_extra(self, inputs: PreparedInputs) -> dict:
         return {}
 
+    def text_inputs(self, inputs: PreparedInputs, rows: torch.Tensor) -> dict:
+        """Extra text-model arguments for a prompt forward over `rows` (long indices into the full
+        prompt, in order): none for most families; Qwen3-VL's DeepStack features of those rows."""
+        return {}
+
     @property
     def num_layers(self) -> int:
         return len(self.text_model().layers)
@@ -166,7 +174,13 @@ class Backend:
     # ---- hidden states ------------------------------------------------------------------------
     @contextlib.contextmanager
     def capture_hidden(self, layers) -> Iterator[dict[int, torch.Tensor]]:
-        """Record the output of the given layers (1-based; FINAL = after the final norm)."""
+        """Record the hidden state after the given layers (1-based; FINAL = after the final norm).
+
+        Layer k's state is read where the model consumes it, as the input of layer k + 1 (of the
+        final norm for the last layer), not as layer k's output: a model may change it in between
+        (Qwen3-VL adds DeepStack features to the visual rows after its first layers), and the
+        hidden states LVSpec and Sparrow read must be the ones the model computes with.
+        """
         captured: dict[int, torch.Tensor] = {}
         handles = []
         text = self.text_model()
@@ -175,12 +189,18 @@ class Backend:
             raise ValueError(f"hidden layer(s) {bad} out of range: the model has decoder layers 1..{len(text.layers)} "
                              f"(or {FINAL} for the final norm)")
         for layer in set(layers):
-            module = text.norm if layer == FINAL else text.layers[layer - 1]
+            if layer == FINAL:
+                def hook(_mod, _inp, out, layer=layer):
+                    captured[layer] = (out[0] if isinstance(out, tuple) else out)[0]
 
-            def hook(_mod, _inp, out, layer=layer):
-                captured[layer] = (out[0] if isinstance(out, tuple) else out)[0]
+                handles.append(text.norm.register_forward_hook(hook))
+                continue
+            consumer = text.layers[layer] if layer < len(text.layers) else text.norm
 
-            handles.append(module.register_forward_hook(hook))
+            def pre_hook(_mod, args, kwargs, layer=layer):
+                captured[layer] = (args[0] if args else kwargs["hidden_states"])[0]
+
+            handles.append(consumer.register_forward_pre_hook(pre_hook, with_kwargs=True))
         try:
             yield captured
         finally:
@@ -209,10 +229,11 @@ class Backend:
         positions = self.prefill_positions(inputs)
         seq_len = embeds.shape[1]
         vmask = inputs.visual_mask.to(embeds.device)
+        rows = torch.arange(seq_len, device=embeds.device)  # prompt rows this prefill runs, in order
         if keep_visual is not None:
             keep_mask = ~vmask
             keep_mask[vmask.nonzero().flatten()[keep_visual.to(embeds.device)]] = True
-            embeds, positions = embeds[:, keep_mask], positions[..., keep_mask]
+            embeds, positions, rows = embeds[:, keep_mask], positions[..., keep_mask], rows[keep_mask]
         cache = DynamicCache(config=self.model.config.get_text_config())
         end = inputs.visual_span[1]
         split = end if visual_attention and 0 < end < seq_len and keep_visual is None else None
@@ -220,9 +241,11 @@ class Backend:
                             extra=self.init_extra(inputs))
         with self.capture_hidden(hidden_layers) as hidden:
             parts = []
-            for out, scores in run_prompt(self.text_model(), embeds, positions, cache, inputs.visual_span, split):
-                if scores is not None:
-                    state.extra["visual_attention"] = scores
+            for out, scores in run_prompt(self.text_model(), embeds, positions, cache, inputs.visual_span, split,
+                                          lambda lo, hi: self.text_inputs(inputs, rows[lo:hi])):
+                if scores is not None:  # over the visual span; keep the video tokens' (Qwen3-VL puts
+                    lo, hi = inputs.visual_span  # timestamps and markers between its frames)
+                    state.extra["visual_attention"] = scores[inputs.visual_mask[lo:hi]]
                 parts.append({k: v.clone() for k, v in hidden.items()})
         for layer in hidden_layers:
             state.prompt_hidden[layer] = torch.cat([p[layer] for p in parts])
@@ -307,7 +330,7 @@ class Backend:
         return PreparedInputs(input_ids=inputs.input_ids.to(self.device), visual_mask=inputs.visual_mask,
                               model_kwargs={k: move(v) for k, v in inputs.model_kwargs.items()},
                               positions=None if inputs.positions is None else inputs.positions.to(self.device),
-                              extra={k: v for k, v in inputs.extra.items() if k != "embeds"})
+                              extra={k: v for k, v in inputs.extra.items() if not k.startswith("embeds")})
 
     def score(self, state: DecodeState, draft: Draft, hidden_layers=()) -> Scores:
         """One forward over the pending tokens and the draft tree (root = last pending token).

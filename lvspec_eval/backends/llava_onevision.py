@@ -70,7 +70,7 @@ class LlavaOnevisionBackend(Backend):
         ids = self._chat_ids(prompt, bool(videos))
         kwargs: dict = {}
         if videos:
-            frames, _fps = videos[0]
+            frames, _fps = videos[0][:2]  # (frames, fps[, indices, native fps])
             pixels = preprocess_video(frames, self.preprocess)
             ids = expand_video_tokens(ids, self.video_token_id, num_video_tokens(pixels.shape[1], self.preprocess))
             kwargs = {"pixel_values_videos": pixels.to(self.device, self.model.dtype)}

@@ -34,18 +34,41 @@ def resolve_path(name: str) -> str:
     return name
 
 
+# Families whose decoder layers keep a recurrent state instead of (only) keys and values: a draft
+# tree cannot be masked into it and a rejected token cannot be cropped out of it.
+HYBRID_LINEAR_ATTENTION = {"qwen3_5": "Qwen3.5", "qwen3_5_moe": "Qwen3.5-MoE"}
+
+
 def _families() -> dict:
     from .llava_onevision import LlavaOnevisionBackend
     from .qwen2_5_vl import QwenVLBackend
+    from .qwen3_vl import Qwen3VLBackend
 
-    return {"qwen2_5_vl": QwenVLBackend, "llava_onevision": LlavaOnevisionBackend}
+    return {"qwen2_5_vl": QwenVLBackend, "llava_onevision": LlavaOnevisionBackend,
+            "qwen3_vl": Qwen3VLBackend, "qwen3_vl_moe": Qwen3VLBackend}
 
 
 def _model_class(model_type: str):
-    from transformers import LlavaOnevisionForConditionalGeneration, Qwen2_5_VLForConditionalGeneration
+    import transformers
 
-    return {"qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
-            "llava_onevision": LlavaOnevisionForConditionalGeneration}[model_type]
+    return getattr(transformers, {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+                                  "llava_onevision": "LlavaOnevisionForConditionalGeneration",
+                                  "qwen3_vl": "Qwen3VLForConditionalGeneration",
+                                  "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration"}[model_type])
+
+
+def check_model_type(name: str, model_type: str) -> None:
+    """ValueError unless lvspec can decode this family speculatively; says why when it cannot."""
+    if model_type in HYBRID_LINEAR_ATTENTION:
+        raise ValueError(
+            f"{name}: model_type {model_type!r} ({HYBRID_LINEAR_ATTENTION[model_type]}) is not supported yet: most "
+            "of its layers are Gated DeltaNet (linear attention) layers, whose recurrent and convolution state "
+            "has no per-token keys and values, so rejected draft tokens cannot be cropped from it and a draft "
+            "tree cannot be masked into it; lvspec's tree verification and cache rollback need attention "
+            f"layers throughout (supported: {', '.join(_families())})")
+    if model_type not in _families():
+        raise ValueError(f"{name}: model_type {model_type!r} is not supported; expected one of "
+                         f"{', '.join(_families())}")
 
 
 def _checkpoint_preprocessing(local: Path) -> dict:
@@ -106,10 +129,8 @@ def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_im
     attention.tree_path(attn_implementation)  # refuse an unsupported kernel before loading anything
     path = resolve_path(name)
     config = AutoConfig.from_pretrained(path)
+    check_model_type(name, config.model_type)
     families = _families()
-    if config.model_type not in families:
-        raise ValueError(f"{name}: model_type {config.model_type!r} is not supported; expected one of "
-                         f"{', '.join(families)}")
     kwargs = {"dtype": DTYPES[dtype], "attn_implementation": attn_implementation, **placement(device, device_map)}
     model = _model_class(config.model_type).from_pretrained(path, **kwargs).eval()
     # The vision tower keeps the kernel it was loaded with; the language model's attention routes

@@ -23,6 +23,10 @@ from .qwen_vision import (
 
 
 class QwenVLBackend(Backend):
+    layout_name = "qwen2_5_vl"  # layout(): drafts pair with targets of the same name
+    default_mean_std: tuple[float, float, float] | None = None  # None: CLIP's (qwen_vision.py)
+    clip_budget = False  # rule fps: the checkpoint's pixel limits are per frame
+
     def __init__(self, model, tokenizer, device="cpu", preprocess: VisionPreprocessConfig | None = None):
         super().__init__(model, tokenizer, device)
         vc = model.config.vision_config
@@ -34,7 +38,12 @@ class QwenVLBackend(Backend):
     def from_pretrained_parts(cls, model, tokenizer, device, preprocess_overrides: dict) -> QwenVLBackend:
         """preprocess_overrides: video_rule, checkpoint_pixels, and min/max pixels, mean/std
         (loading._preprocess_overrides); the rule's own limits fill what is not given."""
-        return cls(model, tokenizer, device, rule_config(model.config.vision_config, **preprocess_overrides))
+        values = dict(preprocess_overrides)
+        if cls.default_mean_std is not None:
+            values.setdefault("image_mean", cls.default_mean_std)
+            values.setdefault("image_std", cls.default_mean_std)
+        return cls(model, tokenizer, device,
+                   rule_config(model.config.vision_config, clip_budget=cls.clip_budget, **values))
 
     def frame_plan(self, fps: float | None, max_frames: int | None, interface: str = "chat") -> FramePlan:
         """Which frames of a video this backend's video rule takes (None: the rule's default);
@@ -44,7 +53,7 @@ class QwenVLBackend(Backend):
     def layout(self) -> tuple:
         """What a draft must share with its target for visual tokens to line up."""
         p = self.preprocess
-        return ("qwen2_5_vl", p.patch_size, p.temporal_patch_size, p.merge_size, p.min_pixels, p.max_pixels)
+        return (self.layout_name, p.patch_size, p.temporal_patch_size, p.merge_size, p.min_pixels, p.max_pixels)
 
     def text_model(self):
         return self.model.model.language_model
@@ -57,7 +66,7 @@ class QwenVLBackend(Backend):
         ids = render_chat(self.tokenizer, prompt, len(videos))
         kwargs: dict = {}
         if videos:
-            frames, fps = videos[0]
+            frames, fps = videos[0][:2]  # (frames, fps[, indices, native fps])
             pixels = preprocess_video(frames, fps, self.preprocess)
             ids = expand_video_tokens(ids, self.video_token_id, pixels.num_visual_tokens)
             kwargs = {"pixel_values_videos": pixels.pixel_values.to(self.device, self.model.dtype),

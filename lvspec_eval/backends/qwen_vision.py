@@ -16,6 +16,11 @@ How large a frame is depends on the video rule (frame_rules.py):
 - `qwen_vl_utils` (its defaults): min 128*28*28 per frame, the same caps; then the processor's resize
   with the checkpoint's limits (video_preprocessor_config.json, else preprocessor_config.json).
 - `fps`: the checkpoint's limits per frame (or min_pixels/max_pixels), no whole-video budget.
+
+Qwen3-VL (patch 16: factor 32, so qwen-vl-utils' token limits scale to 32 px tokens): under
+`qwen_vl_utils` its frames are not resized again (its model card and lmms-eval call the processor
+with do_resize=False); under `fps` the checkpoint's video processor limits bound the whole clip
+(frames x height x width, `clip_smart_resize`), as transformers' Qwen3-VL video processor does.
 """
 from __future__ import annotations
 
@@ -62,6 +67,7 @@ class VisionPreprocessConfig:
     frame_cap_pixels: int | None = None  # qwen-vl-utils' per-frame ceiling (768 tokens), None: none
     total_pixels: int | None = None  # qwen-vl-utils' whole-video budget, None: none
     processor_pixels: tuple[int, int] | None = None  # (min, max) of the processor's resize afterwards
+    clip_budget: bool = False  # min/max_pixels bound the whole clip (Qwen3-VL's video processor), not a frame
 
     def __post_init__(self):
         check_rule(self.video_rule)
@@ -74,7 +80,7 @@ class VisionPreprocessConfig:
 
 
 def rule_config(vision_config, video_rule: str = "fps", checkpoint_pixels: tuple[int, int] | None = None,
-                **values) -> VisionPreprocessConfig:
+                clip_budget: bool = False, **values) -> VisionPreprocessConfig:
     """The preprocessing of a checkpoint under a video rule. `values`: min_pixels / max_pixels the
     user asked for (they win under every rule), image_mean / image_std; `checkpoint_pixels`: the
     (min, max) of the checkpoint's video (else image) processor config."""
@@ -86,11 +92,11 @@ def rule_config(vision_config, video_rule: str = "fps", checkpoint_pixels: tuple
     caps = {"frame_cap_pixels": QVU_MAX_TOKENS * factor ** 2, "total_pixels": int(QVU_SEQ_LEN * factor ** 2 * 0.9)}
     if video_rule == "lmms_eval":
         rule = dict(min_pixels=LMMS_EVAL_MIN_PIXELS, max_pixels=LMMS_EVAL_MAX_PIXELS, **caps)
-    elif video_rule == "qwen_vl_utils":
+    elif video_rule == "qwen_vl_utils":  # Qwen3-VL's own recipe calls its processor with do_resize=False
         rule = dict(min_pixels=QVU_MIN_TOKENS * factor ** 2, max_pixels=QVU_MAX_TOKENS * factor ** 2,
-                    processor_pixels=checkpoint_pixels, **caps)
-    else:
-        rule = dict(zip(("min_pixels", "max_pixels"), checkpoint_pixels or ()))
+                    processor_pixels=None if clip_budget else checkpoint_pixels, **caps)
+    else:  # a family whose processor budgets the whole clip does so under rule fps only
+        rule = dict(zip(("min_pixels", "max_pixels"), checkpoint_pixels or ()), clip_budget=clip_budget)
     return VisionPreprocessConfig(**base, video_rule=video_rule, **{**rule, **values})
 
 
@@ -106,6 +112,9 @@ def frame_max_pixels(cfg: VisionPreprocessConfig, num_frames: int) -> float:
 
 def frame_size(height: int, width: int, num_frames: int, cfg: VisionPreprocessConfig) -> tuple[int, int]:
     """(height, width) every frame of a `num_frames`-frame video is resized to."""
+    if cfg.clip_budget:
+        return clip_smart_resize(num_frames, height, width, cfg.factor, cfg.temporal_patch_size, cfg.min_pixels,
+                                 cfg.max_pixels)
     h, w = smart_resize(height, width, cfg.factor, cfg.min_pixels, frame_max_pixels(cfg, num_frames))
     if cfg.processor_pixels is not None:  # the processor resizes qwen-vl-utils' frames once more
         h, w = smart_resize(h, w, cfg.factor, *cfg.processor_pixels)
@@ -174,6 +183,29 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: float, max_pi
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
     elif h_bar * w_bar < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def clip_smart_resize(num_frames: int, height: int, width: int, factor: int, temporal: int, min_pixels: float,
+                      max_pixels: float) -> tuple[int, int]:
+    """transformers 5.24 Qwen3-VL video processor `smart_resize`: the budget bounds frames x height x
+    width (frames rounded to `temporal`); sides below `factor` are first scaled up to it. A clip of
+    one frame (the processor refuses it) counts as one temporal patch."""
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"aspect ratio of a {height}x{width} frame is over 200")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    t_bar = max(temporal, round(num_frames / temporal) * temporal)
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((num_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar

@@ -143,7 +143,7 @@ class _LVSpecModel(lmms):
             logger.warning(f"lvspec: the task asks for sampling (temperature={settings.requested_temperature}); "
                            "lvspec decodes greedily only, so this run is greedy (recorded as sampling_ignored)")
             self._warned_sampling = True
-        target, request = self.runner.target, [(v.frames, v.fps) for v in videos]
+        target, request = self.runner.target, [v.request() for v in videos]
         clock = make_clock(target.device)
         t0 = clock()
         inputs = target.prepare(prompt, request)

@@ -106,4 +106,4 @@ def load_video(path: str | Path, fps: float | None = None, max_frames: int | Non
     except (KeyError, ValueError) as err:  # a frame vanished on re-decode, or frame sizes changed
         raise VideoError(f"{path}: inconsistent frames ({err})") from err
     effective_fps = len(indices) * native_fps / basis
-    return VideoInput(frames=frames, fps=effective_fps)
+    return VideoInput(frames=frames, fps=effective_fps, indices=indices, native_fps=native_fps)

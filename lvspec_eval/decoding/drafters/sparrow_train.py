@@ -159,8 +159,10 @@ def demo_tasks(args) -> list[dict]:
     return tasks
 
 
-def video_for(task: dict, args) -> tuple[np.ndarray, float]:
-    """(frames uint8 [T, H, W, 3], fps) of a task: its user video file, or its rendered demo scene."""
+def video_for(task: dict, args) -> tuple:
+    """(frames uint8 [T, H, W, 3], fps[, original frame indices, native fps]) of a task: its user video
+    file (as `--model lvspec` hands it to the backend: Qwen3-VL's timestamps need the indices), or its
+    rendered demo scene."""
     if "video" in task:
         return _decoded(str(Path(args.videos) / task["video"]), args.frame_plan)
     from ...demo import models, world
@@ -169,11 +171,10 @@ def video_for(task: dict, args) -> tuple[np.ndarray, float]:
 
 
 @functools.lru_cache(maxsize=4)  # a video's prompts come one after another
-def _decoded(path: str, plan) -> tuple[np.ndarray, float]:
+def _decoded(path: str, plan) -> tuple:
     from ...models.video import load_video
 
-    video = load_video(path, plan=plan)
-    return video.frames, video.fps
+    return load_video(path, plan=plan).request()
 
 
 def attach_frame_plan(args, backend: Backend) -> None:
