@@ -80,7 +80,7 @@ def test_draft_cost_per_draft_counts_only_the_steps_that_drafted():
     a drafts on 1 step in 4 at 8 ms, b on every step at 4 ms: b's draft is the cheaper one."""
     def record(steps):
         steps = [StepStats(*s) for s in steps]
-        stats = SampleStats(decode_s=1.0, num_new_tokens=8, steps=steps, draft_s=sum(s.draft_s for s in steps),
+        stats = SampleStats(decode_s=1.0, e2e_s=1.2, num_new_tokens=8, steps=steps, draft_s=sum(s.draft_s for s in steps),
                             verify_s=sum(s.verify_s for s in steps))
         return dict(stats.to_dict(), tokens=[1], quality=None)
 

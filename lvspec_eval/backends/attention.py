@@ -19,8 +19,9 @@ the text config only (the vision tower keeps the user's kernel):
     mask 4-D with eager                           -> eager (the reference math; it honours any mask)
 
 SpecVLM's pruning scores. While `collect_visual_attention` is active, the same function also adds,
-for each layer, the attention the queries pay to the video keys to a running sum (one
-[kv_heads, group * queries, keys] block at a time, never all layers' maps at once). Any other
+for each layer, the attention the text after the video pays to the video keys to a running sum (one
+[kv_heads, group * text rows, keys] block at a time, never all layers' maps at once), during the
+target's one prefill: the kernel's own output is untouched, so the prefill is the one vanilla runs. Any other
 collector can be fed the same way (`collecting`).
 """
 from __future__ import annotations
@@ -143,17 +144,27 @@ def install(model, kernel: str | None = None) -> str:
 
 # ---- SpecVLM's visual attention ---------------------------------------------------------------------
 class VisualAttention:
-    """Running sum over layers of the mean attention each key in [start, end) receives."""
+    """Running sum over layers of the mean attention each key in [start, end) receives.
 
-    def __init__(self, start: int, end: int):
-        self.start, self.end = start, end
+    query_start: the sequence index of the first query that counts (the text after the video). The
+    prompt then runs in ONE forward: each layer takes only those query rows (a few dozen) and rebuilds
+    their causal mask itself, whatever the kernel got (sdpa's None, eager's 4-D mask, flash's padding
+    mask): a [kv_heads, group * rows, keys] block per layer, never a whole attention map. None: every
+    query of the forward counts, under the forward's explicit 4-D additive mask (the text after the
+    video run as a second part: how the scores were collected before, kept for comparison).
+    """
+
+    def __init__(self, start: int, end: int, query_start: int | None = None):
+        self.start, self.end, self.query_start = start, end, query_start
         self.total: torch.Tensor | None = None  # on the first layer's device (layers may sit on several)
         self.num_layers = 0
 
     def add(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float,
             layer: int | None = None) -> None:
         """query [1, heads, q, d]; key [1, kv_heads, k, d]; mask [1, 1, q, >= k] additive; every layer counts."""
-        if mask is None or mask.dim() != 4:
+        if self.query_start is not None:
+            query, mask = self._text_rows(query, key)
+        elif mask is None or mask.dim() != 4:
             raise ValueError("visual attention collection needs an explicit 4-D additive mask")
         group = query.shape[1] // key.shape[1]
         grouped = group_queries(query, key.shape[1]).float()  # the keys are not repeated per query head
@@ -163,6 +174,20 @@ class VisualAttention:
         layer_mean = weights.mean(dim=(0, 1, 2))  # [num_visual]: the mean over every (head, query) row
         self.total = layer_mean if self.total is None else self.total + layer_mean.to(self.total.device)
         self.num_layers += 1
+
+    def _text_rows(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The query rows from `query_start` on and their causal mask [1, 1, rows, k] (row at sequence
+        index i sees keys 0..i); the forward's queries end at the last key (a prefill)."""
+        num_keys = key.shape[-2]
+        first = self.query_start - (num_keys - query.shape[-2])  # row of query_start in this forward
+        if not 0 <= first < query.shape[-2]:
+            raise ValueError(f"visual attention from query {self.query_start}: this forward's queries are "
+                             f"{num_keys - query.shape[-2]}..{num_keys - 1}")
+        rows = torch.arange(self.query_start, num_keys, device=key.device)
+        hidden = torch.arange(num_keys, device=key.device)[None, :] > rows[:, None]
+        mask = torch.zeros(hidden.shape, dtype=torch.float32, device=key.device).masked_fill(
+            hidden, torch.finfo(torch.float32).min)
+        return query[:, :, first:], mask[None, None]
 
     def scores(self) -> torch.Tensor:
         if self.total is None:
@@ -194,7 +219,8 @@ def collecting(text_config, collector):
 
 
 @contextlib.contextmanager
-def collect_visual_attention(text_config, start: int, end: int) -> Iterator[VisualAttention]:
+def collect_visual_attention(text_config, start: int, end: int,
+                             query_start: int | None = None) -> Iterator[VisualAttention]:
     """While active, every attention layer of `text_config`'s model adds to a `VisualAttention`."""
-    with collecting(text_config, VisualAttention(start, end)) as col:
+    with collecting(text_config, VisualAttention(start, end, query_start)) as col:
         yield col

@@ -78,28 +78,18 @@ def additive_mask(num_committed: int, visible: torch.Tensor, dtype, device) -> t
 
 
 def run_prompt(text_model, embeds: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
-               visual_span: tuple[int, int], split: int | None = None) -> Iterator[tuple[object, torch.Tensor | None]]:
-    """Run a prompt's embeddings [1, L, hidden] into `cache`, in one part, or with `split` in two:
-    up to `split` (the end of the video), then the text after it under an explicit causal mask
-    while `collect_visual_attention` records the attention that text pays each token of
-    `visual_span` (SpecVLM's pruning scores). Yields (the part's output, its scores or None) per
-    part, so that a caller can read what hooks captured in between. The engine's prefill and the
-    demo draft's pruned distillation (demo/train.py `pruned_keep`) select video tokens from the same
-    scores this way."""
-    seq_len = embeds.shape[1]
-    bounds = [0, seq_len] if split is None else [0, split, seq_len]
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        collected = lo == split
-        collect = (attention.collect_visual_attention(text_model.config, *visual_span) if collected
-                   else contextlib.nullcontext())
-        # An explicit mask for the collected part: the collector reads it, and every kernel then
-        # takes the tree-mask path there (attention.py).
-        mask = (additive_mask(lo, torch.ones(hi - lo, hi - lo, dtype=torch.bool).tril(), embeds.dtype, embeds.device)
-                if collected else None)
-        with collect as col:
-            out = text_model(inputs_embeds=embeds[:, lo:hi], position_ids=positions[..., lo:hi],
-                             attention_mask=mask, cache=cache, use_cache=True)
-        yield out, (col.scores() if col is not None else None)
+               visual_span: tuple[int, int], collect_from: int | None = None) -> Iterator[tuple[object, torch.Tensor | None]]:
+    """Run a prompt's embeddings [1, L, hidden] into `cache` in one forward; with `collect_from`
+    (the end of the video), `collect_visual_attention` records meanwhile the attention the queries
+    from there on pay each token of `visual_span` (SpecVLM's pruning scores), with the kernel's
+    output untouched. Yields (the output, the scores or None) once (a generator, so that a caller
+    can read what hooks captured). The engine's prefill and the demo draft's pruned distillation
+    (demo/train.py `pruned_keep`) select video tokens from the same scores this way."""
+    collect = (attention.collect_visual_attention(text_model.config, *visual_span, query_start=collect_from)
+               if collect_from is not None else contextlib.nullcontext())
+    with collect as col:
+        out = text_model(inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True)
+    yield out, (col.scores() if col is not None else None)
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:
@@ -180,9 +170,9 @@ class Backend:
 
         keep_visual: indices (into the visual tokens) to keep; the others are dropped from the
         cache while every kept token keeps its original position (SpecVLM's pruned draft).
-        visual_attention: run the prompt in two parts, up to the last visual token and the text
-        after it, and record in state.extra["visual_attention"] the attention the second part
-        pays to each visual token (SpecVLM's pruning scores).
+        visual_attention: record in state.extra["visual_attention"] the attention the text after
+        the video pays to each visual token (SpecVLM's pruning scores), collected during this one
+        prefill (attention.VisualAttention): no second pass over the prompt.
         hidden_layers: record the prompt's hidden states at these layers (state.prompt_hidden, and
         the visual tokens' rows in state.visual_hidden).
         """
@@ -200,12 +190,12 @@ class Backend:
             embeds, positions = embeds[:, keep_mask], positions[..., keep_mask]
         cache = DynamicCache(config=self.model.config.get_text_config())
         end = inputs.visual_span[1]
-        split = end if visual_attention and 0 < end < seq_len and keep_visual is None else None
+        collect_from = end if visual_attention and 0 < end < seq_len and keep_visual is None else None
         state = DecodeState(cache=cache, cache_len=embeds.shape[1], next_pos=seq_len, pending=[],
                             extra=self.init_extra(inputs))
         with self.capture_hidden(hidden_layers) as hidden:
             parts = []
-            for out, scores in run_prompt(self.text_model(), embeds, positions, cache, inputs.visual_span, split):
+            for out, scores in run_prompt(self.text_model(), embeds, positions, cache, inputs.visual_span, collect_from):
                 if scores is not None:
                     state.extra["visual_attention"] = scores
                 parts.append({k: v.clone() for k, v in hidden.items()})

@@ -152,6 +152,12 @@ class AdaptivePolicy:
         # per task): a run of multiple-choice and caption tasks keeps one mean for each
         self.mean_lengths: dict[int | None, float] = {}
         self.budget: int | None = None  # the current request's max_new_tokens
+        # Preparing the draft (draft_prepare=lazy): its cost per prompt token (decayed mean of what
+        # preparations took; None: never prepared yet), and whether this request's draft is ready
+        self.prepare_per_token: float | None = None
+        self.num_prepared = 0
+        self.prompt_tokens = 0
+        self.is_prepared = True
         self.sample_tokens = 0  # tokens committed so far in the current sample
         self.generated = 0  # tokens the current sample had when this step was planned
         self.skipped = 0  # steps decoded without a draft since the last probe
@@ -161,9 +167,9 @@ class AdaptivePolicy:
         self.drafting_steps = 0
 
     # ---- choosing ---------------------------------------------------------------------------------
-    def start_sample(self, budget: int | None = None) -> None:
-        """A new request with `budget` max_new_tokens: fold the last one's length into the mean answer
-        length of the last one's budget. Requests are told apart by budget because lmms-eval sets it
+    def start_sample(self, budget: int | None = None, prompt_tokens: int = 0, prepared: bool = True) -> None:
+        """A new request with `budget` max_new_tokens and `prompt_tokens` prompt tokens, its draft
+        `prepared` or not yet: fold the last one's length into the mean answer length of the last one's budget. Requests are told apart by budget because lmms-eval sets it
         per task and runs one task's requests after another's: with one mean for the run, ten
         one-letter answers of a multiple-choice task made the next task's captions undrafted."""
         if self.sample_tokens:
@@ -171,10 +177,36 @@ class AdaptivePolicy:
             self.mean_lengths[self.budget] = n if mean is None else 0.8 * mean + 0.2 * n
         self.sample_tokens = 0
         self.budget = budget
+        self.prompt_tokens, self.is_prepared = prompt_tokens, prepared
         # A new request probes at its first step where no draft is expected to pay: how well a draft
         # follows depends on the request (a pruned draft at 4,096 visual tokens hardly ever, at 256
         # mostly), and a back-off grown over hard requests would leave short easy ones undrafted.
         self.skipped = self.probe_every
+
+    def observe_preparation(self, seconds: float) -> None:
+        """The current request's draft was prepared in `seconds`: learn the cost per prompt token."""
+        self.is_prepared = True
+        self.num_prepared += 1
+        per_token = seconds / max(self.prompt_tokens, 1)
+        weight = max(0.2, 1.0 / self.num_prepared)  # a running mean first, then decayed
+        mean = self.prepare_per_token
+        self.prepare_per_token = per_token if mean is None else (1 - weight) * mean + weight * per_token
+
+    def preparation_pays(self, rate: float | None) -> bool:
+        """Whether preparing the draft now (pruning, its vision tower, its prefill) is repaid by
+        drafting at `rate` tokens/s (None: not estimated yet) instead of decoding plainly for the rest
+        of the answer: (tokens left) x (plain step - 1 / rate) > (cost per prompt token) x (prompt
+        tokens). The tokens left are what the answer is expected to need (`remaining`), within the
+        request's budget. Never prepared yet in this run: prepare, to measure."""
+        if self.prepare_per_token is None:
+            return True
+        if not rate or self.single is None:
+            return False
+        left = self.remaining()
+        if self.budget:
+            left = min(left, self.budget - self.generated)
+        saving = left * (self.single - 1.0 / rate)
+        return saving > self.prepare_per_token * self.prompt_tokens
 
     @property
     def mean_length(self) -> float | None:
@@ -200,6 +232,8 @@ class AdaptivePolicy:
         if self.remaining() <= 1.0:  # the answer is expected to end with this step's own token
             return None, {"depth": 0, "width": 0, "reason": "answer ends"}
         if self.verify.prior is None:  # nothing drafted yet: a one-token probe (cheapest draft)
+            if not self.is_prepared and not self.preparation_pays(None):
+                return None, {"depth": 0, "width": 0, "reason": "preparing the draft does not pay"}
             self.since_single += 1
             return dynamic_shape(1, 1, 1, None), {"depth": 1, "width": 1, "reason": "probe"}
         vanilla = 1.0 / self.single
@@ -207,6 +241,11 @@ class AdaptivePolicy:
         accept = self.accept_rate(width)
         info = {"depth": depth, "width": width, "est_rate": rate, "vanilla_rate": vanilla,
                 "est_accept": accept, "model_accepted": self._model_accepted(accept, depth)}
+        if not self.is_prepared:
+            info["prepare_est_s"] = (None if self.prepare_per_token is None
+                                     else self.prepare_per_token * self.prompt_tokens)
+            if not self.preparation_pays(rate):
+                return None, {**info, "depth": 0, "width": 0, "reason": "preparing the draft does not pay"}
         if rate < vanilla:
             self.skipped += 1
             if self.skipped < self.probe_every:
@@ -361,4 +400,6 @@ class AdaptivePolicy:
                 "verify_cost_fit": fit(self.verify), "draft_cost_fit": fit(self.draft),
                 "accept_by_width": {str(w): round(c, 4) for w, c in self.accept_rates().items()},
                 "realised_over_model": round(self._correction(), 4),
+                "prepare_s_per_prompt_token": (None if self.prepare_per_token is None
+                                               else round(self.prepare_per_token, 9)),
                 "calibration": [round(x, 4) for x in self.calibration.table()]}
