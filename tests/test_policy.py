@@ -198,3 +198,55 @@ def test_best_plan_is_the_formula_maximised_over_every_depth_and_width(seed):
     want = max((rate(d, w), d, w) for w in policy.widths for d in range(1, policy.max_depth + 1))
     got = policy._best_plan()
     assert got[1:] == want[1:] and math.isclose(got[0], want[0], rel_tol=1e-9)
+
+
+# ---- preparing the draft only when it pays (draft_prepare=lazy) ------------------------------------------
+def _warm_policy(draft_level_cost: float) -> AdaptivePolicy:
+    """A policy that has measured a run of 16-token answers: plain step 1.0 s, verification 1.0 s +
+    0.05 s a token, draft levels of `draft_level_cost`; its draft cost 0.1 s per prompt token to prepare."""
+    policy = make_policy()
+    for _ in range(3):
+        policy.start_sample(64, prompt_tokens=100, prepared=False)
+        policy.observe_preparation(10.0)
+        simulate(policy, lambda n: 1.0 + 0.05 * (n - 1), draft_level_cost, steps=8)
+    return policy
+
+
+def test_the_draft_is_prepared_only_when_the_rest_of_the_answer_repays_it():
+    policy = _warm_policy(0.05)
+    assert policy.estimates()["prepare_s_per_prompt_token"] == pytest.approx(0.1)
+    policy.start_sample(64, prompt_tokens=100, prepared=False)  # preparing costs 10 s here
+    policy.single, policy.since_single = 1.0, 0
+    shape, plan = policy.plan(1)
+    rate = plan["est_rate"]
+    assert rate > plan["vanilla_rate"]  # drafting is faster per token once the draft is there ...
+    left = policy.remaining()
+    assert left * (1.0 - 1.0 / rate) < 10.0  # ... but the answer's rest does not repay 10 s
+    assert shape is None and plan["reason"] == "preparing the draft does not pay"
+    policy.start_sample(64, prompt_tokens=5, prepared=False)  # a short prompt: 0.5 s to prepare
+    policy.since_single = 0
+    shape, plan = policy.plan(1)
+    assert shape is not None and plan["prepare_est_s"] == pytest.approx(0.5)
+
+
+def test_a_draft_that_does_not_pay_per_step_is_never_prepared():
+    policy = _warm_policy(3.0)  # a draft level costs three target steps: no draft pays
+    policy.start_sample(64, prompt_tokens=1, prepared=False)
+    for generated in range(1, 40):
+        shape, plan = policy.plan(generated)
+        assert shape is None, (generated, plan)
+
+
+def test_the_tokens_the_answer_still_needs_decide_the_preparation():
+    """Tokens left = the mean answer length of the budget minus what the answer has (at least a
+    quarter of the mean): the same draft is prepared for long answers, not for short ones."""
+    policy = _warm_policy(0.05)
+    policy.start_sample(64, prompt_tokens=40, prepared=False)  # 4 s to prepare
+    policy.single = 1.0
+    policy.prepare_per_token = 0.1
+    policy.mean_lengths[64] = 40.0
+    policy.since_single = 0
+    assert policy.plan(1)[0] is not None  # 39 tokens left repay 4 s
+    policy.mean_lengths[64] = 8.0  # answers were short so far
+    policy.since_single = 0
+    assert policy.plan(6)[0] is None  # 2 tokens left do not

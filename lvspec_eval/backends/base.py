@@ -17,6 +17,7 @@ indices of the full, unpruned sequence).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -133,6 +134,24 @@ class Backend:
 
     def init_extra(self, inputs: PreparedInputs) -> dict:
         return {}
+
+    # ---- a vision tower shared with another model ----------------------------------------------
+    # keep_vision_trunk: keep the vision tower's output before its projection in
+    # inputs.extra["vision_trunk"] as (this backend, tensor), for a draft whose tower is this one's
+    # (set by ModelDrafter when `shares_vision_trunk` says so; the drafter drops it once prepared).
+    keep_vision_trunk = False
+
+    def shares_vision_trunk(self, other: Backend) -> bool:
+        """Whether this model's vision tower, up to its own projection to the language model, is
+        `other`'s (the same weights): it then embeds a video from other's trunk output instead of
+        running its tower again. Checked once per pair; a family that cannot tell says False."""
+        cache = self.__dict__.setdefault("_shared_trunk", weakref.WeakKeyDictionary())
+        if other not in cache:
+            cache[other] = self._same_vision_trunk(other)
+        return cache[other]
+
+    def _same_vision_trunk(self, other: Backend) -> bool:
+        return False
 
     @property
     def num_layers(self) -> int:

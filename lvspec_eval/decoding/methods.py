@@ -97,9 +97,10 @@ class DecodeOptions:
 # itself drafts (Self-SD)
 DRAFTERS: dict[str, Callable] = {
     "none": lambda opts, draft, target: NoDrafter(),
-    "model": lambda opts, draft, target: ModelDrafter(opts.tree_config(), draft, eager=opts.eager_draft()),
+    "model": lambda opts, draft, target: ModelDrafter(opts.tree_config(), draft, eager=opts.eager_draft(),
+                                                      target=target),
     "pruned": lambda opts, draft, target: ModelDrafter(opts.tree_config(), draft, opts.prune_config(),
-                                                       eager=opts.eager_draft()),
+                                                       eager=opts.eager_draft(), target=target),
     "sparrow": sparrow.build_drafter,
 }
 # name -> factory(options)

@@ -52,8 +52,10 @@ class ModelDrafter:
     hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, tree: TreeConfig, backend: Backend | None = None, prune: PruneConfig | None = None,
-                 eager: bool = True):
+                 eager: bool = True, target: Backend | None = None):
         self.tree, self.backend, self.prune, self.eager = tree, backend, prune, eager
+        if backend is not None and target is not None and backend.shares_vision_trunk(target):
+            target.keep_vision_trunk = True  # the draft embeds the video from the target's tower output
         self.needs_visual_attention = prune is not None
         self.name = ("self" if backend is None else "model") + ("+pruned" if prune else "")
         self.state: DecodeState | None = None  # the draft's decode state, once prepared
@@ -68,8 +70,9 @@ class ModelDrafter:
         (empty when it is left for later).
 
         The draft reuses the target's prepared inputs (no second frame preprocessing, chat template
-        or position computation) and, when the target drafts for itself, the target's input
-        embeddings (no second run of the vision tower)."""
+        or position computation), when the target drafts for itself the target's input embeddings
+        (no second run of the vision tower), and when the draft's vision tower is the target's up to
+        its merger (`Backend.shares_vision_trunk`) the target's tower output (only the merger runs)."""
         self.active = self.backend or target
         if self.planner is None or self.planner.grower.device != self.active.device:
             self.planner = growth.TreePlanner(self.tree, self.active.device, target.eos_token_ids)  # for the whole run
@@ -102,7 +105,9 @@ class ModelDrafter:
             draft_inputs.extra["embeds"] = backend.input_embeds(draft_inputs)
         t2 = clock()
         self.state, _ = backend.prefill(draft_inputs, keep_visual=keep)
-        draft_inputs.extra.pop("embeds", None)
+        for extra in (draft_inputs.extra, inputs.extra):
+            extra.pop("embeds", None)
+            extra.pop("vision_trunk", None)
         self._request = None  # the request's tensors are not needed any more
         kept = inputs.num_visual_tokens if keep is None else int(keep.numel())
         self.preparation = Preparation(num_generated, t1 - t0, t2 - t1, clock() - t2, kept)
