@@ -33,6 +33,11 @@ every EXPLORE_EVERY-th drafting step tries a neighbouring width, so the cost of 
 of a node can be told apart and every width's acceptance keeps being measured. After growing the tree it keeps the n nodes with the
 highest calibrated path values v (the product of f(q) along the path: the chance that the path to
 the node is accepted), n maximising (1 + sum of the n best v) / (draft so far + verify(1 + n)).
+Preparing the draft (draft_prepare=lazy, the default with this policy): a request's draft (pruning,
+its vision tower, its prefill) is prepared only on the first step that drafts, and only if
+    (tokens the answer still needs) x (plain step - 1 / rate) > (preparation cost per prompt token) x (prompt tokens),
+the preparation cost measured on the run's earlier preparations (decayed mean; the run's first
+preparation happens unconditionally, to measure it). The draft then catches up on the committed tokens.
 Anchors: transformers' assisted generation (a draft length that grows and shrinks), SpecDec++ (stop
 where the predicted rejection probability is high), EAGLE-2 (confidence-ranked dynamic trees).
 """
