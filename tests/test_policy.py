@@ -214,7 +214,7 @@ def _warm_policy(draft_level_cost: float) -> AdaptivePolicy:
 
 def test_the_draft_is_prepared_only_when_the_rest_of_the_answer_repays_it():
     policy = _warm_policy(0.05)
-    assert policy.estimates()["prepare_s_per_prompt_token"] == pytest.approx(0.1)
+    assert policy.prepare_cost() == pytest.approx(10.0)  # no prefill time given: per prompt token
     policy.start_sample(64, prompt_tokens=100, prepared=False)  # preparing costs 10 s here
     policy.single, policy.since_single = 1.0, 0
     shape, plan = policy.plan(1)
@@ -243,10 +243,34 @@ def test_the_tokens_the_answer_still_needs_decide_the_preparation():
     policy = _warm_policy(0.05)
     policy.start_sample(64, prompt_tokens=40, prepared=False)  # 4 s to prepare
     policy.single = 1.0
-    policy.prepare_per_token = 0.1
+    policy.prepare_ratios, policy.prefill_s = [0.4], 10.0  # 4 s to prepare
     policy.mean_lengths[64] = 40.0
     policy.since_single = 0
     assert policy.plan(1)[0] is not None  # 39 tokens left repay 4 s
     policy.mean_lengths[64] = 8.0  # answers were short so far
     policy.since_single = 0
     assert policy.plan(6)[0] is None  # 2 tokens left do not
+
+
+def test_the_preparation_cost_scales_with_the_requests_prefill_and_is_probed_again():
+    """The cost is the median ratio of recent preparations to their request's target prefill (load
+    slows both), times this request's prefill; a request refused PREPARE_PROBE times in a row (then
+    twice as rarely) prepares anyway, so one preparation timed in a load spike cannot rule drafting out."""
+    from lvspec_eval.decoding.policy import PREPARE_PROBE
+
+    policy = _warm_policy(0.05)
+    for prefill, prep in ((2.0, 1.0), (1.0, 0.5), (4.0, 40.0)):  # the last one hit a load spike
+        policy.start_sample(64, prompt_tokens=100, prepared=False, prefill_s=prefill)
+        policy.observe_preparation(prep)
+    policy.start_sample(64, prompt_tokens=100, prepared=False, prefill_s=8.0)
+    assert policy.prepare_cost() == pytest.approx(4.0)  # median ratio 0.5, not the spike's 10
+    decisions = []
+    for _ in range(PREPARE_PROBE + 3 + 2 * PREPARE_PROBE):  # 400 s to prepare: never repaid
+        policy.start_sample(64, prompt_tokens=100, prepared=False, prefill_s=800.0)
+        policy.single, policy.since_single = 1.0, 0
+        shape, plan = policy.plan(1)
+        decisions.append(shape is not None)
+        if shape is not None:
+            policy.is_prepared = True  # (as observe_preparation would; the probe's cost is not of interest)
+    probes = [i for i, d in enumerate(decisions) if d]
+    assert probes == [PREPARE_PROBE, 3 * PREPARE_PROBE + 1], decisions

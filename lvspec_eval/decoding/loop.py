@@ -69,6 +69,7 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     stats.prompt_tokens = int(inputs.input_ids.shape[1])
     # 2. The drafter starts: with draft_prepare=eager it prepares the draft now (pruning, vision tower,
     #    prefill); lazily, on the first step its policy wants a draft (never, for a one-letter answer).
+    inputs.extra["prefill_s"] = stats.prefill_s  # the policy weighs the draft's preparation against it
     drafter.start(backend, inputs, state, clock)
     inputs.extra.pop("embeds", None)  # the prompt's embeddings are not needed past the prefills
     # 3. The first token comes from the prefill; then draft, score, verify, commit.

@@ -35,9 +35,12 @@ highest calibrated path values v (the product of f(q) along the path: the chance
 the node is accepted), n maximising (1 + sum of the n best v) / (draft so far + verify(1 + n)).
 Preparing the draft (draft_prepare=lazy, the default with this policy): a request's draft (pruning,
 its vision tower, its prefill) is prepared only on the first step that drafts, and only if
-    (tokens the answer still needs) x (plain step - 1 / rate) > (preparation cost per prompt token) x (prompt tokens),
-the preparation cost measured on the run's earlier preparations (decayed mean; the run's first
-preparation happens unconditionally, to measure it). The draft then catches up on the committed tokens.
+    (tokens the answer still needs) x (plain step - 1 / rate) > (expected preparation cost),
+the cost being the median, over the run's last RECENT preparations, of their time over the same
+request's target prefill time, times this request's prefill time (a ratio, because a shared
+machine's load slows both alike; it grows with the video as both do). The run's first preparation
+happens unconditionally, to measure it, and after PREPARE_PROBE requests refused one, then 8, 16, ...,
+one prepares anyway. The draft then catches up on the committed tokens.
 Anchors: transformers' assisted generation (a draft length that grows and shrinks), SpecDec++ (stop
 where the predicted rejection probability is high), EAGLE-2 (confidence-ranked dynamic trees).
 """
@@ -55,6 +58,8 @@ from .types import HostView, StepStats, Verdict
 NUM_BINS = 10  # calibration bins of the draft's probability
 REFRESH_EVERY = 50  # drafting steps between two plain steps that re-measure the one-token step
 EXPLORE_EVERY = 8  # every this many drafting steps, one tries a neighbouring tree width
+PREPARE_PROBE = 4  # requests refused a draft preparation before one prepares anyway (then 8, 16, ...)
+RECENT = 8  # preparations whose median cost estimates the next one
 
 
 class OnlineLinear:
@@ -157,12 +162,18 @@ class AdaptivePolicy:
         # per task): a run of multiple-choice and caption tasks keeps one mean for each
         self.mean_lengths: dict[int | None, float] = {}
         self.budget: int | None = None  # the current request's max_new_tokens
-        # Preparing the draft (draft_prepare=lazy): its cost per prompt token (decayed mean of what
-        # preparations took; None: never prepared yet), and whether this request's draft is ready
-        self.prepare_per_token: float | None = None
-        self.num_prepared = 0
+        # Preparing the draft (draft_prepare=lazy): what recent preparations cost relative to the same
+        # request's target prefill (a ratio: a shared machine's load slows both alike) or, where the
+        # prefill time is not known, per prompt token; whether this request's draft is ready; and
+        # the requests refused a preparation since the last one (every PREPARE_PROBE-th, then twice
+        # as rarely, prepares anyway, so one preparation timed in a load spike cannot rule it out)
+        self.prepare_ratios: list[float] = []
+        self.prepare_per_token_seen: list[float] = []
         self.prompt_tokens = 0
+        self.prefill_s: float | None = None
         self.is_prepared = True
+        self.refused, self.refused_this_request = 0, False
+        self.prepare_probe_every = PREPARE_PROBE
         self.sample_tokens = 0  # tokens committed so far in the current sample
         self.generated = 0  # tokens the current sample had when this step was planned
         self.skipped = 0  # steps decoded without a draft since the last probe
@@ -172,9 +183,11 @@ class AdaptivePolicy:
         self.drafting_steps = 0
 
     # ---- choosing ---------------------------------------------------------------------------------
-    def start_sample(self, budget: int | None = None, prompt_tokens: int = 0, prepared: bool = True) -> None:
-        """A new request with `budget` max_new_tokens and `prompt_tokens` prompt tokens, its draft
-        `prepared` or not yet: fold the last one's length into the mean answer length of the last one's budget. Requests are told apart by budget because lmms-eval sets it
+    def start_sample(self, budget: int | None = None, prompt_tokens: int = 0, prepared: bool = True,
+                     prefill_s: float | None = None) -> None:
+        """A new request with `budget` max_new_tokens, `prompt_tokens` prompt tokens and a target
+        prefill of `prefill_s` seconds, its draft `prepared` or not yet: fold the last one's length
+        into the mean answer length of the last one's budget. Requests are told apart by budget because lmms-eval sets it
         per task and runs one task's requests after another's: with one mean for the run, ten
         one-letter answers of a multiple-choice task made the next task's captions undrafted."""
         if self.sample_tokens:
@@ -182,36 +195,53 @@ class AdaptivePolicy:
             self.mean_lengths[self.budget] = n if mean is None else 0.8 * mean + 0.2 * n
         self.sample_tokens = 0
         self.budget = budget
-        self.prompt_tokens, self.is_prepared = prompt_tokens, prepared
+        self.prompt_tokens, self.is_prepared, self.prefill_s = prompt_tokens, prepared, prefill_s
+        self.refused += self.refused_this_request
+        self.refused_this_request = False
         # A new request probes at its first step where no draft is expected to pay: how well a draft
         # follows depends on the request (a pruned draft at 4,096 visual tokens hardly ever, at 256
         # mostly), and a back-off grown over hard requests would leave short easy ones undrafted.
         self.skipped = self.probe_every
 
     def observe_preparation(self, seconds: float) -> None:
-        """The current request's draft was prepared in `seconds`: learn the cost per prompt token."""
+        """The current request's draft was prepared in `seconds`: learn what preparing costs."""
         self.is_prepared = True
-        self.num_prepared += 1
-        per_token = seconds / max(self.prompt_tokens, 1)
-        weight = max(0.2, 1.0 / self.num_prepared)  # a running mean first, then decayed
-        mean = self.prepare_per_token
-        self.prepare_per_token = per_token if mean is None else (1 - weight) * mean + weight * per_token
+        if self.prefill_s:
+            self.prepare_ratios = (self.prepare_ratios + [seconds / self.prefill_s])[-RECENT:]
+        self.prepare_per_token_seen = (self.prepare_per_token_seen + [seconds / max(self.prompt_tokens, 1)])[-RECENT:]
+
+    def prepare_cost(self) -> float | None:
+        """Expected seconds to prepare this request's draft (None: never prepared in this run)."""
+        if self.prefill_s and self.prepare_ratios:
+            return float(np.median(self.prepare_ratios)) * self.prefill_s
+        if self.prepare_per_token_seen:
+            return float(np.median(self.prepare_per_token_seen)) * self.prompt_tokens
+        return None
 
     def preparation_pays(self, rate: float | None) -> bool:
         """Whether preparing the draft now (pruning, its vision tower, its prefill) is repaid by
-        drafting at `rate` tokens/s (None: not estimated yet) instead of decoding plainly for the rest
-        of the answer: (tokens left) x (plain step - 1 / rate) > (cost per prompt token) x (prompt
-        tokens). The tokens left are what the answer is expected to need (`remaining`), within the
-        request's budget. Never prepared yet in this run: prepare, to measure."""
-        if self.prepare_per_token is None:
+        drafting at `rate` tokens/s instead of decoding plainly for the rest of the answer:
+        (tokens left) x (plain step - 1 / rate) > `prepare_cost()`. The tokens left are what the answer
+        is expected to need (`remaining`), within the request's budget. Yes when the run has not
+        prepared a draft yet or drafted nothing yet (`rate` None): to measure. Where drafting pays per
+        token but not the preparation, every PREPARE_PROBE-th such request (then 8, 16, ...) prepares
+        anyway: the cost is an estimate too."""
+        cost = self.prepare_cost()
+        if cost is None or rate is None:
             return True
-        if not rate or self.single is None:
+        if self.single is None or rate <= 1.0 / self.single:  # drafting does not pay even once prepared
             return False
         left = self.remaining()
         if self.budget:
             left = min(left, self.budget - self.generated)
-        saving = left * (self.single - 1.0 / rate)
-        return saving > self.prepare_per_token * self.prompt_tokens
+        if left * (self.single - 1.0 / rate) > cost:
+            self.refused, self.prepare_probe_every = 0, PREPARE_PROBE
+            return True
+        if self.refused >= self.prepare_probe_every:  # a probe; the next one twice as far away
+            self.refused, self.prepare_probe_every = 0, 2 * self.prepare_probe_every
+            return True
+        self.refused_this_request = True
+        return False
 
     @property
     def mean_length(self) -> float | None:
@@ -237,8 +267,6 @@ class AdaptivePolicy:
         if self.remaining() <= 1.0:  # the answer is expected to end with this step's own token
             return None, {"depth": 0, "width": 0, "reason": "answer ends"}
         if self.verify.prior is None:  # nothing drafted yet: a one-token probe (cheapest draft)
-            if not self.is_prepared and not self.preparation_pays(None):
-                return None, {"depth": 0, "width": 0, "reason": "preparing the draft does not pay"}
             self.since_single += 1
             return dynamic_shape(1, 1, 1, None), {"depth": 1, "width": 1, "reason": "probe"}
         vanilla = 1.0 / self.single
@@ -247,8 +275,7 @@ class AdaptivePolicy:
         info = {"depth": depth, "width": width, "est_rate": rate, "vanilla_rate": vanilla,
                 "est_accept": accept, "model_accepted": self._model_accepted(accept, depth)}
         if not self.is_prepared:
-            info["prepare_est_s"] = (None if self.prepare_per_token is None
-                                     else self.prepare_per_token * self.prompt_tokens)
+            info["prepare_est_s"] = self.prepare_cost()
             if not self.preparation_pays(rate):
                 return None, {**info, "depth": 0, "width": 0, "reason": "preparing the draft does not pay"}
         if rate < vanilla:
@@ -405,6 +432,6 @@ class AdaptivePolicy:
                 "verify_cost_fit": fit(self.verify), "draft_cost_fit": fit(self.draft),
                 "accept_by_width": {str(w): round(c, 4) for w, c in self.accept_rates().items()},
                 "realised_over_model": round(self._correction(), 4),
-                "prepare_s_per_prompt_token": (None if self.prepare_per_token is None
-                                               else round(self.prepare_per_token, 9)),
+                "prepare_over_prefill": (None if not self.prepare_ratios
+                                         else round(float(np.median(self.prepare_ratios)), 4)),
                 "calibration": [round(x, 4) for x in self.calibration.table()]}

@@ -76,7 +76,8 @@ class ModelDrafter:
         self.active = self.backend or target
         if self.planner is None or self.planner.grower.device != self.active.device:
             self.planner = growth.TreePlanner(self.tree, self.active.device, target.eos_token_ids)  # for the whole run
-        self.planner.start_sample(inputs.extra.get("max_new_tokens"), int(inputs.input_ids.shape[1]), self.eager)
+        self.planner.start_sample(inputs.extra.get("max_new_tokens"), int(inputs.input_ids.shape[1]), self.eager,
+                                  inputs.extra.get("prefill_s"))
         embeds = inputs.extra.get("embeds") if self.backend is None else None  # Self-SD: the target's
         self.state, self.preparation, self.num_fed = None, None, 0
         self._request = (target, inputs, target_state, clock, embeds)

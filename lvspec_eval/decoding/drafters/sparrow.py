@@ -197,7 +197,8 @@ class SparrowDrafter:
         The head's bookkeeping of the target's hidden states (`observe`) runs either way."""
         if self.planner is None:
             self.planner = growth.TreePlanner(self.tree, self.target.device, self.target.eos_token_ids)
-        self.planner.start_sample(inputs.extra.get("max_new_tokens"), int(inputs.input_ids.shape[1]), self.eager)
+        self.planner.start_sample(inputs.extra.get("max_new_tokens"), int(inputs.input_ids.shape[1]), self.eager,
+                                  inputs.extra.get("prefill_s"))
         self.cache, self.preparation, self.known, self.num_generated = None, None, [], 0
         self._request = (inputs, target_state, clock)
         return self.prepare(0).as_dict() if self.eager else {}
