@@ -79,18 +79,18 @@ def additive_mask(num_committed: int, visible: torch.Tensor, dtype, device) -> t
 
 
 def run_prompt(text_model, embeds: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
-               visual_span: tuple[int, int], collect_from: int | None = None) -> Iterator[tuple[object, torch.Tensor | None]]:
+               visual_span: tuple[int, int], collect_from: int | None = None) -> tuple[object, torch.Tensor | None]:
     """Run a prompt's embeddings [1, L, hidden] into `cache` in one forward; with `collect_from`
     (the end of the video), `collect_visual_attention` records meanwhile the attention the queries
     from there on pay each token of `visual_span` (SpecVLM's pruning scores), with the kernel's
-    output untouched. Yields (the output, the scores or None) once (a generator, so that a caller
-    can read what hooks captured). The engine's prefill and the demo draft's pruned distillation
-    (demo/train.py `pruned_keep`) select video tokens from the same scores this way."""
+    output untouched. Returns (the output, the scores or None). The engine's prefill and the demo
+    draft's pruned distillation (demo/train.py `pruned_keep`) select video tokens from the same
+    scores this way."""
     collect = (attention.collect_visual_attention(text_model.config, *visual_span, query_start=collect_from)
                if collect_from is not None else contextlib.nullcontext())
     with collect as col:
         out = text_model(inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True)
-    yield out, (col.scores() if col is not None else None)
+    return out, (col.scores() if col is not None else None)
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:
@@ -213,13 +213,11 @@ class Backend:
         state = DecodeState(cache=cache, cache_len=embeds.shape[1], next_pos=seq_len, pending=[],
                             extra=self.init_extra(inputs))
         with self.capture_hidden(hidden_layers) as hidden:
-            parts = []
-            for out, scores in run_prompt(self.text_model(), embeds, positions, cache, inputs.visual_span, collect_from):
-                if scores is not None:
-                    state.extra["visual_attention"] = scores
-                parts.append({k: v.clone() for k, v in hidden.items()})
+            out, scores = run_prompt(self.text_model(), embeds, positions, cache, inputs.visual_span, collect_from)
+        if scores is not None:
+            state.extra["visual_attention"] = scores
         for layer in hidden_layers:
-            state.prompt_hidden[layer] = torch.cat([p[layer] for p in parts])
+            state.prompt_hidden[layer] = hidden[layer]
             if keep_visual is None:  # with a device_map, each layer's rows sit on that layer's device
                 rows = state.prompt_hidden[layer]
                 state.visual_hidden[layer] = rows[vmask.to(rows.device)]

@@ -757,9 +757,8 @@ def pruned_keep(target, embeds: torch.Tensor, pos: torch.Tensor, ids: torch.Tens
     video = (ids == video_token_id).nonzero().flatten()
     span = (int(video[0]), int(video[-1]) + 1)
     cache = DynamicCache(config=target.config.get_text_config())
-    parts = run_prompt(target.model.language_model, embeds[:, :num_prompt], pos[..., :num_prompt], cache, span,
-                       collect_from=span[1])
-    scores = [s for _, s in parts if s is not None][0]
+    _, scores = run_prompt(target.model.language_model, embeds[:, :num_prompt], pos[..., :num_prompt], cache, span,
+                           collect_from=span[1])
     keep = ids != video_token_id
     keep[video[select_visual_tokens(scores, PruneConfig())]] = True
     return keep
