@@ -229,12 +229,23 @@ def test_the_draft_is_prepared_only_when_the_rest_of_the_answer_repays_it():
     assert shape is not None and plan["prepare_est_s"] == pytest.approx(0.5)
 
 
-def test_a_draft_that_does_not_pay_per_step_is_never_prepared():
+def test_a_draft_that_does_not_pay_per_step_is_prepared_only_as_a_rare_probe():
+    from lvspec_eval.decoding.policy import PREPARE_PROBE
+
     policy = _warm_policy(3.0)  # a draft level costs three target steps: no draft pays
-    policy.start_sample(64, prompt_tokens=1, prepared=False)
-    for generated in range(1, 40):
+    policy.start_sample(64, prompt_tokens=1, prepared=False)  # preparing costs 0.1 s: cheap, so it is made
+    policy.since_single = 0
+    assert policy.plan(1)[0] is not None
+    policy.start_sample(64, prompt_tokens=100, prepared=False)  # 10 s: not cheap next to ~16 plain steps
+    for generated in range(1, 40):  # within a request: never
         shape, plan = policy.plan(generated)
         assert shape is None, (generated, plan)
+    prepared = []
+    for _ in range(3 * PREPARE_PROBE + 1):  # over requests: after 4, then 8 refused ones
+        policy.start_sample(64, prompt_tokens=100, prepared=False)
+        policy.since_single = 0
+        prepared.append(policy.plan(1)[0] is not None)
+    assert [i for i, p in enumerate(prepared) if p] == [PREPARE_PROBE - 1, 3 * PREPARE_PROBE], prepared
 
 
 def test_the_tokens_the_answer_still_needs_decide_the_preparation():

@@ -36,9 +36,11 @@ the node is accepted), n maximising (1 + sum of the n best v) / (draft so far + 
 Preparing the draft (draft_prepare=lazy, the default with this policy): a request's draft (pruning,
 its vision tower, its prefill) is prepared only on the first step that drafts, and only if
     (tokens the answer still needs) x (plain step - 1 / rate) > (expected preparation cost),
-the cost being the median, over the run's last RECENT preparations, of their time over the same
-request's target prefill time, times this request's prefill time (a ratio, because a shared
-machine's load slows both alike; it grows with the video as both do). The run's first preparation
+or when the cost is under CHEAP_SHARE of decoding the answer's rest plainly (then it is as good
+as eager, and every request measures its draft again). The cost is the median, over the run's last
+RECENT preparations, of their time over the same request's target prefill time, times this
+request's prefill time (a ratio, because a shared machine's load slows both alike; it grows with
+the video as both do). The run's first preparation
 happens unconditionally, to measure it, and after PREPARE_PROBE requests refused one, then 8, 16, ...,
 one prepares anyway. The draft then catches up on the committed tokens.
 Anchors: transformers' assisted generation (a draft length that grows and shrinks), SpecDec++ (stop
@@ -60,6 +62,7 @@ REFRESH_EVERY = 50  # drafting steps between two plain steps that re-measure the
 EXPLORE_EVERY = 8  # every this many drafting steps, one tries a neighbouring tree width
 PREPARE_PROBE = 4  # requests refused a draft preparation before one prepares anyway (then 8, 16, ...)
 RECENT = 8  # preparations whose median cost estimates the next one
+CHEAP_SHARE = 0.05  # a preparation under this share of the answer's expected plain decoding is always made
 
 
 class OnlineLinear:
@@ -223,20 +226,28 @@ class AdaptivePolicy:
         drafting at `rate` tokens/s instead of decoding plainly for the rest of the answer:
         (tokens left) x (plain step - 1 / rate) > `prepare_cost()`. The tokens left are what the answer
         is expected to need (`remaining`), within the request's budget. Yes when the run has not
-        prepared a draft yet or drafted nothing yet (`rate` None): to measure. Where drafting pays per
-        token but not the preparation, every PREPARE_PROBE-th such request (then 8, 16, ...) prepares
-        anyway: the cost is an estimate too."""
+        prepared a draft yet or drafted nothing yet (`rate` None): to measure; and when preparing
+        costs under CHEAP_SHARE of decoding those tokens plainly (a Sparrow head, a draft on a short
+        video): then it is as good as eager, and the drafting steps keep measuring how well the draft
+        does on this request (a rate measured in a bad stretch must not rule drafting out). Refused, every
+        PREPARE_PROBE-th request refused in a row (then 8, 16, ...) prepares anyway: the costs and
+        the rate are estimates too, and only a prepared draft measures them again."""
         cost = self.prepare_cost()
         if cost is None or rate is None:
             return True
-        if self.single is None or rate <= 1.0 / self.single:  # drafting does not pay even once prepared
-            return False
         left = self.remaining()
         if self.budget:
             left = min(left, self.budget - self.generated)
-        if left * (self.single - 1.0 / rate) > cost:
+        if self.single is not None and cost <= CHEAP_SHARE * left * self.single:
+            return True  # cheap next to the answer's plain decoding: prepare, and measure drafting again
+        saving = -math.inf  # drafting does not pay even once prepared
+        if self.single is not None and rate > 1.0 / self.single:
+            saving = left * (self.single - 1.0 / rate)
+        if saving > cost:
             self.refused, self.prepare_probe_every = 0, PREPARE_PROBE
             return True
+        # The estimates behind the refusal (drafting's rate too) were measured on earlier requests;
+        # a prepared draft is what re-measures them, so now and then one is prepared anyway.
         if self.refused >= self.prepare_probe_every:  # a probe; the next one twice as far away
             self.refused, self.prepare_probe_every = 0, 2 * self.prepare_probe_every
             return True
