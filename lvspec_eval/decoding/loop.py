@@ -1,7 +1,12 @@
 """The decoding loop: the only one. Every method is a drafter and a verifier plugged in here.
 
-    prefill target (draft: when it pays) -> loop { drafter.propose -> target.score -> verifier.verify ->
-    commit accepted tokens + bonus -> drafter.observe } until EOS, a stop string or the limit.
+    prefill target -> loop { drafter.propose (preparing the draft first, once, if not yet) ->
+    target.score -> verifier.verify -> commit accepted tokens + bonus -> drafter.observe }
+    until EOS, a stop string or the limit.
+
+A drafter has `start(target, inputs, target_state, clock)` (the request begins; with
+draft_prepare=eager it prepares its draft there), `propose`, `observe`, `estimates`, and
+`preparation` (a types.Preparation once its draft is prepared in this request, else None).
 
 Vanilla decoding is the same loop with a drafter that proposes nothing.
 """
