@@ -247,8 +247,10 @@ def _two_part_scores(backend, inputs) -> torch.Tensor:
 
 @pytest.mark.parametrize("kernel", ["sdpa", "eager", "flash_attention_2"])
 def test_pruning_scores_of_the_one_prefill_equal_the_two_part_scores(family, make_case, kernel, fake_flash):
-    """One prefill collects what the two-part prefill did (float tolerance), under every kernel, and
-    the pruned draft keeps the same video tokens; the prefill's first-token logits are vanilla's."""
+    """One prefill keeps what the two-part prefill used to compute the scores with, under every kernel;
+    the scores, computed later from those queries and the cache (after decoding steps grew it), equal
+    the two-part ones (float tolerance) and keep the same video tokens; the prefill's first-token
+    logits are vanilla's."""
     from lvspec_eval.decoding.pruning import PruneConfig, select_visual_tokens
 
     backend = family.target
@@ -262,7 +264,10 @@ def test_pruning_scores_of_the_one_prefill_equal_the_two_part_scores(family, mak
         state, logits = backend.prefill(inputs, visual_attention=True)
     finally:
         attention.install(backend.model, "sdpa")
-    scores = state.extra["visual_attention"]
+    # computed when a pruned draft is prepared, possibly mid-request: the cache has grown since
+    backend.forward(state, torch.tensor([3, 4, 5]), torch.arange(3), None)
+    backend.keep(state, 2)
+    scores = backend.visual_attention(state)
     assert scores.shape == (inputs.num_visual_tokens,) and abs(float(scores.sum()) - float(expected.sum())) < 1e-5
     torch.testing.assert_close(scores, expected, rtol=1e-4, atol=1e-7)
     cfg = PruneConfig(ratio=0.75)

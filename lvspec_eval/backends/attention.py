@@ -18,10 +18,12 @@ the text config only (the vision tower keeps the user's kernel):
                                                      axis, so K/V are never copied
     mask 4-D with eager                           -> eager (the reference math; it honours any mask)
 
-SpecVLM's pruning scores. While `collect_visual_attention` is active, the same function also adds,
-for each layer, the attention the text after the video pays to the video keys to a running sum (one
-[kv_heads, group * text rows, keys] block at a time, never all layers' maps at once), during the
-target's one prefill: the kernel's own output is untouched, so the prefill is the one vanilla runs. Any other
+SpecVLM's pruning scores. During the target's one prefill, `collect_text_queries` keeps each
+layer's query rows of the text after the video (the kernel's own output untouched: the prefill is
+the one vanilla runs); when a pruned draft is prepared, `pruning_scores` sums, layer by layer, the
+attention those rows pay the video keys, read back from the cache (one [kv_heads, group * text rows,
+keys] block at a time, never all layers' maps at once). `collect_visual_attention` sums the same
+during a forward (any collector can be fed the same way: `collecting`). Any other
 collector can be fed the same way (`collecting`).
 """
 from __future__ import annotations
@@ -195,6 +197,39 @@ class VisualAttention:
         return (self.total / self.num_layers).cpu()
 
 
+class TextQueries:
+    """What the pruning scores need of the target's one prefill, kept for later: per layer, the query
+    rows from `query_start` on (the text after the video, after rotary embedding, as the kernel got
+    them), cloned: a few dozen rows per layer, next to nothing in the prefill. The keys they attend
+    to stay in the cache (the prompt's slots never change while decoding), so the scores are only
+    computed (`pruning_scores`) when a pruned draft is prepared, and never when none is."""
+
+    def __init__(self, query_start: int):
+        self.query_start = query_start
+        self.queries: dict[int, torch.Tensor] = {}  # layer -> [1, heads, rows, d]
+        self.scaling: dict[int, float] = {}
+        self.num_keys = 0  # the prompt's length: the keys the rows attend to
+
+    def add(self, query: torch.Tensor, key: torch.Tensor, mask, scaling: float, layer: int | None = None) -> None:
+        num_keys = key.shape[-2]
+        first = self.query_start - (num_keys - query.shape[-2])
+        if layer is None or not 0 <= first < query.shape[-2]:
+            raise ValueError(f"text queries from {self.query_start} (layer {layer}): this forward's queries are "
+                             f"{num_keys - query.shape[-2]}..{num_keys - 1}")
+        self.queries[layer] = query[:, :, first:].clone()
+        self.scaling[layer], self.num_keys = scaling, num_keys
+
+
+def pruning_scores(queries: TextQueries, cache, start: int, end: int) -> torch.Tensor:
+    """[end - start] SpecVLM's pruning scores from the kept text queries and the cache's prompt keys:
+    the same sum as `VisualAttention` over the prefill's layers, one layer at a time."""
+    col = VisualAttention(start, end, queries.query_start)
+    for layer in sorted(queries.queries):
+        key = cache.layers[layer].keys[:, :, : queries.num_keys]
+        col.add(queries.queries[layer], key, None, queries.scaling[layer], layer)
+    return col.scores()
+
+
 _COLLECTORS: dict[int, object] = {}  # id(text config) -> the collector active on that model
 
 
@@ -216,6 +251,13 @@ def collecting(text_config, collector):
     finally:
         text_config._attn_implementation = original
         del _COLLECTORS[id(text_config)]
+
+
+@contextlib.contextmanager
+def collect_text_queries(text_config, query_start: int) -> Iterator[TextQueries]:
+    """While active, every attention layer of `text_config`'s model keeps its text query rows."""
+    with collecting(text_config, TextQueries(query_start)) as col:
+        yield col
 
 
 @contextlib.contextmanager

@@ -79,18 +79,17 @@ def additive_mask(num_committed: int, visible: torch.Tensor, dtype, device) -> t
 
 
 def run_prompt(text_model, embeds: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
-               visual_span: tuple[int, int], collect_from: int | None = None) -> tuple[object, torch.Tensor | None]:
+               collect_from: int | None = None) -> tuple[object, attention.TextQueries | None]:
     """Run a prompt's embeddings [1, L, hidden] into `cache` in one forward; with `collect_from`
-    (the end of the video), `collect_visual_attention` records meanwhile the attention the queries
-    from there on pay each token of `visual_span` (SpecVLM's pruning scores), with the kernel's
-    output untouched. Returns (the output, the scores or None). The engine's prefill and the demo
-    draft's pruned distillation (demo/train.py `pruned_keep`) select video tokens from the same
-    scores this way."""
-    collect = (attention.collect_visual_attention(text_model.config, *visual_span, query_start=collect_from)
+    (the end of the video), keep meanwhile the query rows from there on (attention.TextQueries),
+    the kernel's output untouched. Returns (the output, the queries or None); `pruning_scores`
+    turns them into SpecVLM's pruning scores. The engine's prefill and the demo draft's pruned
+    distillation (demo/train.py `pruned_keep`) select video tokens from the same scores this way."""
+    collect = (attention.collect_text_queries(text_model.config, collect_from)
                if collect_from is not None else contextlib.nullcontext())
-    with collect as col:
+    with collect as queries:
         out = text_model(inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True)
-    return out, (col.scores() if col is not None else None)
+    return out, queries
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:
@@ -189,9 +188,9 @@ class Backend:
 
         keep_visual: indices (into the visual tokens) to keep; the others are dropped from the
         cache while every kept token keeps its original position (SpecVLM's pruned draft).
-        visual_attention: record in state.extra["visual_attention"] the attention the text after
-        the video pays to each visual token (SpecVLM's pruning scores), collected during this one
-        prefill (attention.VisualAttention): no second pass over the prompt.
+        visual_attention: keep what SpecVLM's pruning scores (the attention the text after the video
+        pays each visual token) need of this one prefill: the text's query rows per layer
+        (attention.TextQueries); `visual_attention(state)` computes the scores from them when asked.
         hidden_layers: record the prompt's hidden states at these layers (state.prompt_hidden, and
         the visual tokens' rows in state.visual_hidden).
         """
@@ -213,15 +212,26 @@ class Backend:
         state = DecodeState(cache=cache, cache_len=embeds.shape[1], next_pos=seq_len, pending=[],
                             extra=self.init_extra(inputs))
         with self.capture_hidden(hidden_layers) as hidden:
-            out, scores = run_prompt(self.text_model(), embeds, positions, cache, inputs.visual_span, collect_from)
-        if scores is not None:
-            state.extra["visual_attention"] = scores
+            out, queries = run_prompt(self.text_model(), embeds, positions, cache, collect_from)
+        if queries is not None:  # the scores themselves: `visual_attention`, when a pruned draft is prepared
+            state.extra["text_queries"], state.extra["visual_span"] = queries, inputs.visual_span
         for layer in hidden_layers:
             state.prompt_hidden[layer] = hidden[layer]
             if keep_visual is None:  # with a device_map, each layer's rows sit on that layer's device
                 rows = state.prompt_hidden[layer]
                 state.visual_hidden[layer] = rows[vmask.to(rows.device)]
         return state, self.lm_head(out.last_hidden_state[:, -1])[0]
+
+    def visual_attention(self, state: DecodeState) -> torch.Tensor:
+        """[num_visual] SpecVLM's pruning scores of a prefill run with visual_attention=True: the
+        attention the text after the video pays each visual token, averaged over layers, heads and
+        text queries; computed on first call from the kept queries and the cache's prompt keys."""
+        scores = state.extra.get("visual_attention")
+        if scores is None:
+            queries = state.extra.pop("text_queries")
+            scores = state.extra["visual_attention"] = attention.pruning_scores(queries, state.cache,
+                                                                                *state.extra["visual_span"])
+        return scores
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         # under a device_map the LM head may sit on another device: logits come back to ours

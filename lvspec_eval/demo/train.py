@@ -751,14 +751,16 @@ def pruned_keep(target, embeds: torch.Tensor, pos: torch.Tensor, ids: torch.Tens
     [3, 1, L]: the target's, as `_embed_inputs` gives them for this sample."""
     from transformers import DynamicCache
 
+    from ..backends.attention import pruning_scores
     from ..backends.base import run_prompt
     from ..decoding.pruning import PruneConfig, select_visual_tokens
 
     video = (ids == video_token_id).nonzero().flatten()
     span = (int(video[0]), int(video[-1]) + 1)
     cache = DynamicCache(config=target.config.get_text_config())
-    _, scores = run_prompt(target.model.language_model, embeds[:, :num_prompt], pos[..., :num_prompt], cache, span,
-                           collect_from=span[1])
+    _, queries = run_prompt(target.model.language_model, embeds[:, :num_prompt], pos[..., :num_prompt], cache,
+                            collect_from=span[1])
+    scores = pruning_scores(queries, cache, *span)
     keep = ids != video_token_id
     keep[video[select_visual_tokens(scores, PruneConfig())]] = True
     return keep

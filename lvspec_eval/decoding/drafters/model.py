@@ -91,7 +91,7 @@ class ModelDrafter:
         t0 = clock()
         keep = None
         if self.prune is not None and inputs.num_visual_tokens:
-            keep = select_visual_tokens(target_state.extra["visual_attention"], self.prune)
+            keep = select_visual_tokens(target.visual_attention(target_state), self.prune)
         t1 = clock()
         backend = self.active
         if backend is target:
