@@ -2,10 +2,9 @@
 
 An exact (lossless) method commits the target's greedy token at every slot, so it must reproduce
 vanilla's tokens. In fp32 on one device it does. In bf16 or fp16, and wherever vanilla and tree
-verification run different kernels (a GPU's one-token and many-token attention, a two-part
-prefill), the target's logits at a slot differ between the two runs by rounding; where its top
-two logits are closer than that, the runs can commit different tokens, and from there on they
-continue differently. A divergence is therefore judged at the FIRST slot where the two runs commit
+verification run different kernels (a GPU's one-token and many-token attention), the target's
+logits at a slot differ between the two runs by rounding; where its top two logits are closer
+than that, the runs can commit different tokens, and from there on they continue differently. A divergence is therefore judged at the FIRST slot where the two runs commit
 different tokens: each run's stats record gives, per committed token, the target's margin there
 ("margins": top-1 minus top-2 logit at the slot where the token was committed; a paired-timing
 record carries vanilla's as "vanilla_margins").

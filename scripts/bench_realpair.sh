@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # `make bench-realpair`: our decoders against transformers' greedy generate() and its assisted
 # generation on a Qwen2.5-VL pair with real pretrained language models (text prompts; the pair's
-# vision towers are random). Builds the pair first if it is missing (../shared/realpair/build.sh:
+# vision towers are random). The table leads with end to end (e2e_speedup: median per-sample ratio;
+# e2e_speedup_total: summed wall clock, request to answer, preparation of the draft included) beside
+# decode speedup, and draft_prepare_ms / draft_prepared_share: what preparing the draft cost per
+# sample and on how many samples it was prepared. Builds the pair first if it is missing (../shared/realpair/build.sh:
 # about 5 minutes, 5 GB of downloads, 16 GB of memory). Not part of `make test`.
 #
 # env: REALPAIR  the pair's folder (default $HOME/.cache/lvspec-realpair, holding target/ and draft/)

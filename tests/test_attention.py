@@ -223,3 +223,59 @@ def test_flash_attention_2_dispatch_on_tiny_gqa_models_of_both_families(method, 
         for backend in (family.target, family.draft):
             attention.install(backend.model, "sdpa")
     assert fake_flash.calls > 0 and fake_flash.masked_calls == 0
+
+
+# ---- SpecVLM's pruning scores in the one target prefill ----------------------------------------------
+@torch.no_grad()
+def _two_part_scores(backend, inputs) -> torch.Tensor:
+    """The scores as they were collected before: the prompt up to the end of the video, then the text
+    after it as a second forward under an explicit causal mask, every query of that part counted; each
+    part gets its rows' family inputs (Qwen3-VL's DeepStack), and the video tokens' scores are kept
+    (Qwen3-VL's visual span also holds timestamps and markers)."""
+    from transformers import DynamicCache
+
+    embeds, positions = backend.input_embeds(inputs), backend.prefill_positions(inputs)
+    start, end = inputs.visual_span
+    text = backend.text_model()
+    cache = DynamicCache(config=backend.model.config.get_text_config())
+    rows = torch.arange(embeds.shape[1])
+    text(inputs_embeds=embeds[:, :end], position_ids=positions[..., :end], cache=cache, use_cache=True,
+         **backend.text_inputs(inputs, rows[:end]))
+    n = embeds.shape[1] - end
+    mask = additive_mask(end, torch.ones(n, n, dtype=torch.bool).tril(), embeds.dtype, embeds.device)
+    with attention.collect_visual_attention(text.config, start, end) as col:
+        text(inputs_embeds=embeds[:, end:], position_ids=positions[..., end:], attention_mask=mask, cache=cache,
+             use_cache=True, **backend.text_inputs(inputs, rows[end:]))
+    return col.scores()[inputs.visual_mask[start:end]]
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "eager", "flash_attention_2"])
+def test_pruning_scores_of_the_one_prefill_equal_the_two_part_scores(family, make_case, kernel, fake_flash):
+    """One prefill keeps what the two-part prefill used to compute the scores with, under every kernel;
+    the scores, computed later from those queries and the cache (after decoding steps grew it), equal
+    the two-part ones (float tolerance) and keep the same video tokens; the prefill's first-token
+    logits are vanilla's."""
+    from lvspec_eval.decoding.pruning import PruneConfig, select_visual_tokens
+
+    backend = family.target
+    case = make_case(3, family.max_side)
+    inputs = backend.prepare(case.prompt, case.videos)
+    assert 0 < inputs.visual_span[1] < inputs.input_ids.shape[1]
+    expected = _two_part_scores(backend, inputs)
+    _, plain_logits = backend.prefill(backend.prepare(case.prompt, case.videos))
+    try:
+        attention.install(backend.model, kernel)
+        state, logits = backend.prefill(inputs, visual_attention=True)
+    finally:
+        attention.install(backend.model, "sdpa")
+    # computed when a pruned draft is prepared, possibly mid-request: the cache has grown since
+    backend.forward(state, torch.tensor([3, 4, 5]), torch.arange(3), None)
+    backend.keep(state, 2)
+    scores = backend.visual_attention(state)
+    assert scores.shape == (inputs.num_visual_tokens,) and abs(float(scores.sum()) - float(expected.sum())) < 1e-5
+    torch.testing.assert_close(scores, expected, rtol=1e-4, atol=1e-7)
+    cfg = PruneConfig(ratio=0.75)
+    assert select_visual_tokens(scores, cfg).tolist() == select_visual_tokens(expected, cfg).tolist()
+    torch.testing.assert_close(logits, plain_logits, rtol=1e-5, atol=1e-5)
+    if kernel == "flash_attention_2":
+        assert fake_flash.calls > 0 and fake_flash.masked_calls == 0

@@ -214,7 +214,7 @@ def test_visual_attention_scores_and_unchanged_logits(family, make_case):
     _, inputs = _case(family, make_case, seed=6)
     _, plain = backend.prefill(inputs)
     state, logits = backend.prefill(inputs, visual_attention=True)
-    scores = state.extra["visual_attention"]
+    scores = backend.visual_attention(state)
     assert scores.shape == (inputs.num_visual_tokens,)
     assert bool((scores >= 0).all()) and float(scores.sum()) <= 1 + 1e-5
     torch.testing.assert_close(logits, plain, atol=ATOL, rtol=0)

@@ -168,7 +168,7 @@ def test_pruned_distillation_keeps_what_the_engine_keeps():
     inputs = backend.prepare(data.world.CAPTION_PROMPT, [(frames, models.FPS)])
     assert inputs.input_ids[0].tolist() == batch["input_ids"][0, :sample.num_prompt].tolist()
     state, _ = backend.prefill(inputs, visual_attention=True)
-    engine = select_visual_tokens(state.extra["visual_attention"], PruneConfig())
+    engine = select_visual_tokens(backend.visual_attention(state), PruneConfig())
     assert ours.tolist() == engine.tolist()
 
 

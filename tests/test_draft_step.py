@@ -80,7 +80,7 @@ def test_draft_cost_per_draft_counts_only_the_steps_that_drafted():
     a drafts on 1 step in 4 at 8 ms, b on every step at 4 ms: b's draft is the cheaper one."""
     def record(steps):
         steps = [StepStats(*s) for s in steps]
-        stats = SampleStats(decode_s=1.0, num_new_tokens=8, steps=steps, draft_s=sum(s.draft_s for s in steps),
+        stats = SampleStats(decode_s=1.0, e2e_s=1.2, num_new_tokens=8, steps=steps, draft_s=sum(s.draft_s for s in steps),
                             verify_s=sum(s.verify_s for s in steps))
         return dict(stats.to_dict(), tokens=[1], quality=None)
 
@@ -92,4 +92,6 @@ def test_draft_cost_per_draft_counts_only_the_steps_that_drafted():
     assert rows["a"]["draft_step_ms"] < rows["b"]["draft_step_ms"]  # 2.75 vs 4: the misleading mean
     assert rows["a"]["draft_ms_per_draft"] == pytest.approx(8.0)
     assert rows["b"]["draft_ms_per_draft"] == pytest.approx(4.0)
-    assert "draft_ms_per_draft" in bench.format_table({"task": "synthvid_caption", "methods": rows})
+    table = bench.format_table({"task": "synthvid_caption", "methods": rows})
+    assert all(c in table for c in ("draft_ms_per_draft", "e2e_speedup_total", "draft_prepare_ms"))
+    assert rows["a"]["e2e_speedup_total"] == pytest.approx(1.0)  # every record above waited 1.2 s

@@ -151,3 +151,53 @@ def test_adaptive_wide_trees_are_lossless(family, make_case, monkeypatch):
                             MAX_NEW_TOKENS)
             assert out.tokens == _vanilla(family, make_case, seed), (family.name, draft, seed)
             assert max(s.num_draft_nodes for s in out.stats.steps) > 4  # trees, not chains
+
+
+# ---- drafts prepared late (draft_prepare=lazy) -----------------------------------------------------------
+LATE = 5  # generated tokens before the first step that drafts
+
+
+@pytest.fixture
+def late_drafting(monkeypatch):
+    """Every drafter plans no draft before LATE tokens are committed (its planner says so, as the
+    adaptive policy does when it expects no draft to pay yet); the lazy draft is prepared then."""
+    from lvspec_eval.decoding.drafters import growth
+
+    real = growth.TreePlanner.next_shape
+
+    def next_shape(self, num_generated=0):
+        if num_generated < LATE:
+            return None, {"depth": 0, "width": 0, "reason": "test: not yet"}
+        return real(self, num_generated)
+
+    monkeypatch.setattr(growth.TreePlanner, "next_shape", next_shape)
+
+
+def _sparrow_head(family, tmp_path_factory) -> str:
+    from lvspec_eval.decoding.drafters.sparrow import SparrowHead
+
+    path = tmp_path_factory.mktemp(f"head_{family.name}")
+    torch.manual_seed(0)
+    SparrowHead.for_target(family.target).save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("tree_kind", ["dynamic", "chain", "adaptive"])
+@pytest.mark.parametrize("method,draft", [("sd_tree", "std"), ("sd_tree", "self"), ("specvlm", "std"),
+                                          ("specvlm", "self"), ("sparrow", None)])
+@pytest.mark.parametrize("family", FAMILIES, indirect=True)
+def test_a_draft_prepared_late_stays_lossless(family, make_case, method, draft, tree_kind, late_drafting,
+                                              tmp_path_factory):
+    """model, pruned, self (full and pruned) and Sparrow drafters, prepared mid-request: the draft
+    catches up on the committed tokens and the answer is still vanilla's, token for token."""
+    options = {**TREES[tree_kind], "draft_prepare": "lazy"}
+    if method == "sparrow":
+        options["sparrow_head"] = _sparrow_head(family, tmp_path_factory)
+    for seed in (31, 32):
+        case = _case(family, make_case, seed)
+        out = _generate(family, method, draft, options, case, MAX_NEW_TOKENS)
+        assert out.tokens == _vanilla(family, make_case, seed), (family.name, method, draft, tree_kind, seed)
+        at = out.stats.draft_prepared_at
+        # the adaptive policy measured plain steps meanwhile, so it probes (and prepares) at LATE too
+        assert at == LATE, (at, out.stats.num_new_tokens)
+        assert out.stats.draft_prepare_s > 0 and max(s.num_draft_nodes for s in out.stats.steps) > 0

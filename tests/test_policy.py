@@ -198,3 +198,90 @@ def test_best_plan_is_the_formula_maximised_over_every_depth_and_width(seed):
     want = max((rate(d, w), d, w) for w in policy.widths for d in range(1, policy.max_depth + 1))
     got = policy._best_plan()
     assert got[1:] == want[1:] and math.isclose(got[0], want[0], rel_tol=1e-9)
+
+
+# ---- preparing the draft only when it pays (draft_prepare=lazy) ------------------------------------------
+def _warm_policy(draft_level_cost: float) -> AdaptivePolicy:
+    """A policy that has measured a run of 16-token answers: plain step 1.0 s, verification 1.0 s +
+    0.05 s a token, draft levels of `draft_level_cost`; its draft cost 0.1 s per prompt token to prepare."""
+    policy = make_policy()
+    for _ in range(3):
+        policy.start_sample(64, prompt_tokens=100, prepared=False)
+        policy.observe_preparation(10.0)
+        simulate(policy, lambda n: 1.0 + 0.05 * (n - 1), draft_level_cost, steps=8)
+    return policy
+
+
+def test_the_draft_is_prepared_only_when_the_rest_of_the_answer_repays_it():
+    policy = _warm_policy(0.05)
+    assert policy.prepare_cost() == pytest.approx(10.0)  # no prefill time given: per prompt token
+    policy.start_sample(64, prompt_tokens=100, prepared=False)  # preparing costs 10 s here
+    policy.single, policy.since_single = 1.0, 0
+    shape, plan = policy.plan(1)
+    rate = plan["est_rate"]
+    assert rate > plan["vanilla_rate"]  # drafting is faster per token once the draft is there ...
+    left = policy.remaining()
+    assert left * (1.0 - 1.0 / rate) < 10.0  # ... but the answer's rest does not repay 10 s
+    assert shape is None and plan["reason"] == "preparing the draft does not pay"
+    policy.start_sample(64, prompt_tokens=5, prepared=False)  # a short prompt: 0.5 s to prepare
+    policy.since_single = 0
+    shape, plan = policy.plan(1)
+    assert shape is not None and plan["prepare_est_s"] == pytest.approx(0.5)
+
+
+def test_a_draft_that_does_not_pay_per_step_is_prepared_only_as_a_rare_probe():
+    from lvspec_eval.decoding.policy import PREPARE_PROBE
+
+    policy = _warm_policy(3.0)  # a draft level costs three target steps: no draft pays
+    policy.start_sample(64, prompt_tokens=1, prepared=False)  # preparing costs 0.1 s: cheap, so it is made
+    policy.since_single = 0
+    assert policy.plan(1)[0] is not None
+    policy.start_sample(64, prompt_tokens=100, prepared=False)  # 10 s: not cheap next to ~16 plain steps
+    for generated in range(1, 40):  # within a request: never
+        shape, plan = policy.plan(generated)
+        assert shape is None, (generated, plan)
+    prepared = []
+    for _ in range(3 * PREPARE_PROBE + 1):  # over requests: after 4, then 8 refused ones
+        policy.start_sample(64, prompt_tokens=100, prepared=False)
+        policy.since_single = 0
+        prepared.append(policy.plan(1)[0] is not None)
+    assert [i for i, p in enumerate(prepared) if p] == [PREPARE_PROBE - 1, 3 * PREPARE_PROBE], prepared
+
+
+def test_the_tokens_the_answer_still_needs_decide_the_preparation():
+    """Tokens left = the mean answer length of the budget minus what the answer has (at least a
+    quarter of the mean): the same draft is prepared for long answers, not for short ones."""
+    policy = _warm_policy(0.05)
+    policy.start_sample(64, prompt_tokens=40, prepared=False)  # 4 s to prepare
+    policy.single = 1.0
+    policy.prepare_ratios, policy.prefill_s = [0.4], 10.0  # 4 s to prepare
+    policy.mean_lengths[64] = 40.0
+    policy.since_single = 0
+    assert policy.plan(1)[0] is not None  # 39 tokens left repay 4 s
+    policy.mean_lengths[64] = 8.0  # answers were short so far
+    policy.since_single = 0
+    assert policy.plan(6)[0] is None  # 2 tokens left do not
+
+
+def test_the_preparation_cost_scales_with_the_requests_prefill_and_is_probed_again():
+    """The cost is the median ratio of recent preparations to their request's target prefill (load
+    slows both), times this request's prefill; a request refused PREPARE_PROBE times in a row (then
+    twice as rarely) prepares anyway, so one preparation timed in a load spike cannot rule drafting out."""
+    from lvspec_eval.decoding.policy import PREPARE_PROBE
+
+    policy = _warm_policy(0.05)
+    for prefill, prep in ((2.0, 1.0), (1.0, 0.5), (4.0, 40.0)):  # the last one hit a load spike
+        policy.start_sample(64, prompt_tokens=100, prepared=False, prefill_s=prefill)
+        policy.observe_preparation(prep)
+    policy.start_sample(64, prompt_tokens=100, prepared=False, prefill_s=8.0)
+    assert policy.prepare_cost() == pytest.approx(4.0)  # median ratio 0.5, not the spike's 10
+    decisions = []
+    for _ in range(PREPARE_PROBE + 3 + 2 * PREPARE_PROBE):  # 400 s to prepare: never repaid
+        policy.start_sample(64, prompt_tokens=100, prepared=False, prefill_s=800.0)
+        policy.single, policy.since_single = 1.0, 0
+        shape, plan = policy.plan(1)
+        decisions.append(shape is not None)
+        if shape is not None:
+            policy.is_prepared = True  # (as observe_preparation would; the probe's cost is not of interest)
+    probes = [i for i, d in enumerate(decisions) if d]
+    assert probes == [PREPARE_PROBE, 3 * PREPARE_PROBE + 1], decisions

@@ -95,19 +95,25 @@ def test_hidden_states_are_read_after_deepstack(qwen3_family):
         torch.testing.assert_close(backend.text_model().norm(state.prompt_hidden[3]), hf[3][0], atol=ATOL, rtol=0)
 
 
-def test_split_prefill_gives_deepstack_to_the_video_part_only(qwen3_family):
+def test_one_prefill_gives_deepstack_to_the_video_rows_and_scores_only_video_pads(qwen3_family):
+    """The prefill that also keeps the pruning queries is one forward: DeepStack reaches exactly the
+    video pads' rows there, and the pruning scores cover the video pads alone (not the timestamps
+    and markers that sit between frames in the visual span)."""
     backend = qwen3_family.target
     inputs = backend.prepare("describe the ball", [(_video(4), 2.0)])
     calls = []
     handle = backend.text_model().register_forward_pre_hook(
         lambda _m, _a, kw: calls.append((kw["inputs_embeds"].shape[1], kw.get("visual_pos_masks"))), with_kwargs=True)
     try:
-        backend.prefill(inputs, visual_attention=True)
+        state, _ = backend.prefill(inputs, visual_attention=True)
     finally:
         handle.remove()
-    (video_len, video_rows), (text_len, text_rows) = calls
-    assert video_len == inputs.visual_span[1] and text_rows is None
-    assert int(video_rows.sum()) == inputs.num_visual_tokens
+    [(length, rows)] = calls
+    assert length == inputs.input_ids.shape[1]
+    assert torch.equal(rows[0].cpu(), inputs.visual_mask)
+    lo, hi = inputs.visual_span
+    assert hi - lo > inputs.num_visual_tokens  # the span holds timestamps and markers too
+    assert backend.visual_attention(state).shape == (inputs.num_visual_tokens,)
 
 
 def test_draft_uses_its_own_tower_and_self_sd_reuses_the_targets(qwen3_family):

@@ -18,9 +18,12 @@ the text config only (the vision tower keeps the user's kernel):
                                                      axis, so K/V are never copied
     mask 4-D with eager                           -> eager (the reference math; it honours any mask)
 
-SpecVLM's pruning scores. While `collect_visual_attention` is active, the same function also adds,
-for each layer, the attention the queries pay to the video keys to a running sum (one
-[kv_heads, group * queries, keys] block at a time, never all layers' maps at once). Any other
+SpecVLM's pruning scores. During the target's one prefill, `collect_text_queries` keeps each
+layer's query rows of the text after the video (the kernel's own output untouched: the prefill is
+the one vanilla runs); when a pruned draft is prepared, `pruning_scores` sums, layer by layer, the
+attention those rows pay the video keys, read back from the cache (one [kv_heads, group * text rows,
+keys] block at a time, never all layers' maps at once). `collect_visual_attention` sums the same
+during a forward (any collector can be fed the same way: `collecting`). Any other
 collector can be fed the same way (`collecting`).
 """
 from __future__ import annotations
@@ -143,17 +146,27 @@ def install(model, kernel: str | None = None) -> str:
 
 # ---- SpecVLM's visual attention ---------------------------------------------------------------------
 class VisualAttention:
-    """Running sum over layers of the mean attention each key in [start, end) receives."""
+    """Running sum over layers of the mean attention each key in [start, end) receives.
 
-    def __init__(self, start: int, end: int):
-        self.start, self.end = start, end
+    query_start: the sequence index of the first query that counts (the text after the video). The
+    prompt then runs in ONE forward: each layer takes only those query rows (a few dozen) and rebuilds
+    their causal mask itself, whatever the kernel got (sdpa's None, eager's 4-D mask, flash's padding
+    mask): a [kv_heads, group * rows, keys] block per layer, never a whole attention map. None: every
+    query of the forward counts, under the forward's explicit 4-D additive mask (the text after the
+    video run as a second part: how the scores were collected before, kept for comparison).
+    """
+
+    def __init__(self, start: int, end: int, query_start: int | None = None):
+        self.start, self.end, self.query_start = start, end, query_start
         self.total: torch.Tensor | None = None  # on the first layer's device (layers may sit on several)
         self.num_layers = 0
 
     def add(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float,
             layer: int | None = None) -> None:
         """query [1, heads, q, d]; key [1, kv_heads, k, d]; mask [1, 1, q, >= k] additive; every layer counts."""
-        if mask is None or mask.dim() != 4:
+        if self.query_start is not None:
+            query, mask = self._text_rows(query, key)
+        elif mask is None or mask.dim() != 4:
             raise ValueError("visual attention collection needs an explicit 4-D additive mask")
         group = query.shape[1] // key.shape[1]
         grouped = group_queries(query, key.shape[1]).float()  # the keys are not repeated per query head
@@ -164,10 +177,57 @@ class VisualAttention:
         self.total = layer_mean if self.total is None else self.total + layer_mean.to(self.total.device)
         self.num_layers += 1
 
+    def _text_rows(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The query rows from `query_start` on and their causal mask [1, 1, rows, k] (row at sequence
+        index i sees keys 0..i); the forward's queries end at the last key (a prefill)."""
+        num_keys = key.shape[-2]
+        first = self.query_start - (num_keys - query.shape[-2])  # row of query_start in this forward
+        if not 0 <= first < query.shape[-2]:
+            raise ValueError(f"visual attention from query {self.query_start}: this forward's queries are "
+                             f"{num_keys - query.shape[-2]}..{num_keys - 1}")
+        rows = torch.arange(self.query_start, num_keys, device=key.device)
+        hidden = torch.arange(num_keys, device=key.device)[None, :] > rows[:, None]
+        mask = torch.zeros(hidden.shape, dtype=torch.float32, device=key.device).masked_fill(
+            hidden, torch.finfo(torch.float32).min)
+        return query[:, :, first:], mask[None, None]
+
     def scores(self) -> torch.Tensor:
         if self.total is None:
             raise RuntimeError("no attention was collected")
         return (self.total / self.num_layers).cpu()
+
+
+class TextQueries:
+    """What the pruning scores need of the target's one prefill, kept for later: per layer, the query
+    rows from `query_start` on (the text after the video, after rotary embedding, as the kernel got
+    them), cloned: a few dozen rows per layer, next to nothing in the prefill. The keys they attend
+    to stay in the cache (the prompt's slots never change while decoding), so the scores are only
+    computed (`pruning_scores`) when a pruned draft is prepared, and never when none is."""
+
+    def __init__(self, query_start: int):
+        self.query_start = query_start
+        self.queries: dict[int, torch.Tensor] = {}  # layer -> [1, heads, rows, d]
+        self.scaling: dict[int, float] = {}
+        self.num_keys = 0  # the prompt's length: the keys the rows attend to
+
+    def add(self, query: torch.Tensor, key: torch.Tensor, mask, scaling: float, layer: int | None = None) -> None:
+        num_keys = key.shape[-2]
+        first = self.query_start - (num_keys - query.shape[-2])
+        if layer is None or not 0 <= first < query.shape[-2]:
+            raise ValueError(f"text queries from {self.query_start} (layer {layer}): this forward's queries are "
+                             f"{num_keys - query.shape[-2]}..{num_keys - 1}")
+        self.queries[layer] = query[:, :, first:].clone()
+        self.scaling[layer], self.num_keys = scaling, num_keys
+
+
+def pruning_scores(queries: TextQueries, cache, start: int, end: int) -> torch.Tensor:
+    """[end - start] SpecVLM's pruning scores from the kept text queries and the cache's prompt keys:
+    the same sum as `VisualAttention` over the prefill's layers, one layer at a time."""
+    col = VisualAttention(start, end, queries.query_start)
+    for layer in sorted(queries.queries):
+        key = cache.layers[layer].keys[:, :, : queries.num_keys]
+        col.add(queries.queries[layer], key, None, queries.scaling[layer], layer)
+    return col.scores()
 
 
 _COLLECTORS: dict[int, object] = {}  # id(text config) -> the collector active on that model
@@ -194,7 +254,15 @@ def collecting(text_config, collector):
 
 
 @contextlib.contextmanager
-def collect_visual_attention(text_config, start: int, end: int) -> Iterator[VisualAttention]:
+def collect_text_queries(text_config, query_start: int) -> Iterator[TextQueries]:
+    """While active, every attention layer of `text_config`'s model keeps its text query rows."""
+    with collecting(text_config, TextQueries(query_start)) as col:
+        yield col
+
+
+@contextlib.contextmanager
+def collect_visual_attention(text_config, start: int, end: int,
+                             query_start: int | None = None) -> Iterator[VisualAttention]:
     """While active, every attention layer of `text_config`'s model adds to a `VisualAttention`."""
-    with collecting(text_config, VisualAttention(start, end)) as col:
+    with collecting(text_config, VisualAttention(start, end, query_start)) as col:
         yield col

@@ -17,6 +17,7 @@ indices of the full, unpruned sequence).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -78,31 +79,18 @@ def additive_mask(num_committed: int, visible: torch.Tensor, dtype, device) -> t
 
 
 def run_prompt(text_model, embeds: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
-               visual_span: tuple[int, int], split: int | None = None,
-               row_inputs=None) -> Iterator[tuple[object, torch.Tensor | None]]:
-    """Run a prompt's embeddings [1, L, hidden] into `cache`, in one part, or with `split` in two:
-    up to `split` (the end of the video), then the text after it under an explicit causal mask
-    while `collect_visual_attention` records the attention that text pays each token of
-    `visual_span` (SpecVLM's pruning scores). Yields (the part's output, its scores or None) per
-    part, so that a caller can read what hooks captured in between. The engine's prefill and the
-    demo draft's pruned distillation (demo/train.py `pruned_keep`) select video tokens from the same
-    scores this way. row_inputs(lo, hi): extra text-model arguments for rows [lo, hi) of `embeds`
-    (Qwen3-VL's DeepStack features go only to the part that holds their rows)."""
-    seq_len = embeds.shape[1]
-    bounds = [0, seq_len] if split is None else [0, split, seq_len]
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        collected = lo == split
-        collect = (attention.collect_visual_attention(text_model.config, *visual_span) if collected
-                   else contextlib.nullcontext())
-        # An explicit mask for the collected part: the collector reads it, and every kernel then
-        # takes the tree-mask path there (attention.py).
-        mask = (additive_mask(lo, torch.ones(hi - lo, hi - lo, dtype=torch.bool).tril(), embeds.dtype, embeds.device)
-                if collected else None)
-        with collect as col:
-            out = text_model(inputs_embeds=embeds[:, lo:hi], position_ids=positions[..., lo:hi],
-                             attention_mask=mask, cache=cache, use_cache=True,
-                             **(row_inputs(lo, hi) if row_inputs is not None else {}))
-        yield out, (col.scores() if col is not None else None)
+               collect_from: int | None = None, extra: dict | None = None) -> tuple[object, attention.TextQueries | None]:
+    """Run a prompt's embeddings [1, L, hidden] into `cache` in one forward; with `collect_from`
+    (the end of the video), keep meanwhile the query rows from there on (attention.TextQueries),
+    the kernel's output untouched. Returns (the output, the queries or None); `pruning_scores`
+    turns them into SpecVLM's pruning scores. The engine's prefill and the demo draft's pruned
+    distillation (demo/train.py `pruned_keep`) select video tokens from the same scores this way.
+    extra: further text-model arguments for these rows (Qwen3-VL's DeepStack features)."""
+    collect = (attention.collect_text_queries(text_model.config, collect_from)
+               if collect_from is not None else contextlib.nullcontext())
+    with collect as queries:
+        out = text_model(inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True, **(extra or {}))
+    return out, queries
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:
@@ -167,6 +155,24 @@ class Backend:
         prompt, in order): none for most families; Qwen3-VL's DeepStack features of those rows."""
         return {}
 
+    # ---- a vision tower shared with another model ----------------------------------------------
+    # keep_vision_trunk: keep the vision tower's output before its projection in
+    # inputs.extra["vision_trunk"] as (this backend, tensor), for a draft whose tower is this one's
+    # (set by ModelDrafter when `shares_vision_trunk` says so; the drafter drops it once prepared).
+    keep_vision_trunk = False
+
+    def shares_vision_trunk(self, other: Backend) -> bool:
+        """Whether this model's vision tower, up to its own projection to the language model, is
+        `other`'s (the same weights): it then embeds a video from other's trunk output instead of
+        running its tower again. Checked once per pair; a family that cannot tell says False."""
+        cache = self.__dict__.setdefault("_shared_trunk", weakref.WeakKeyDictionary())
+        if other not in cache:
+            cache[other] = self._same_vision_trunk(other)
+        return cache[other]
+
+    def _same_vision_trunk(self, other: Backend) -> bool:
+        return False
+
     @property
     def num_layers(self) -> int:
         return len(self.text_model().layers)
@@ -215,9 +221,9 @@ class Backend:
 
         keep_visual: indices (into the visual tokens) to keep; the others are dropped from the
         cache while every kept token keeps its original position (SpecVLM's pruned draft).
-        visual_attention: run the prompt in two parts, up to the last visual token and the text
-        after it, and record in state.extra["visual_attention"] the attention the second part
-        pays to each visual token (SpecVLM's pruning scores).
+        visual_attention: keep what SpecVLM's pruning scores (the attention the text after the video
+        pays each visual token) need of this one prefill: the text's query rows per layer
+        (attention.TextQueries); `visual_attention(state)` computes the scores from them when asked.
         hidden_layers: record the prompt's hidden states at these layers (state.prompt_hidden, and
         the visual tokens' rows in state.visual_hidden).
         """
@@ -236,23 +242,34 @@ class Backend:
             embeds, positions, rows = embeds[:, keep_mask], positions[..., keep_mask], rows[keep_mask]
         cache = DynamicCache(config=self.model.config.get_text_config())
         end = inputs.visual_span[1]
-        split = end if visual_attention and 0 < end < seq_len and keep_visual is None else None
+        collect_from = end if visual_attention and 0 < end < seq_len and keep_visual is None else None
         state = DecodeState(cache=cache, cache_len=embeds.shape[1], next_pos=seq_len, pending=[],
                             extra=self.init_extra(inputs))
         with self.capture_hidden(hidden_layers) as hidden:
-            parts = []
-            for out, scores in run_prompt(self.text_model(), embeds, positions, cache, inputs.visual_span, split,
-                                          lambda lo, hi: self.text_inputs(inputs, rows[lo:hi])):
-                if scores is not None:  # over the visual span; keep the video tokens' (Qwen3-VL puts
-                    lo, hi = inputs.visual_span  # timestamps and markers between its frames)
-                    state.extra["visual_attention"] = scores[inputs.visual_mask[lo:hi]]
-                parts.append({k: v.clone() for k, v in hidden.items()})
+            out, queries = run_prompt(self.text_model(), embeds, positions, cache, collect_from,
+                                      self.text_inputs(inputs, rows))
+        if queries is not None:  # the scores themselves: `visual_attention`, when a pruned draft is prepared
+            state.extra["text_queries"], state.extra["visual_span"] = queries, inputs.visual_span
+            # of the visual span, the video tokens' scores (Qwen3-VL puts timestamps and markers between frames)
+            lo, hi = inputs.visual_span
+            state.extra["video_in_span"] = inputs.visual_mask[lo:hi]
         for layer in hidden_layers:
-            state.prompt_hidden[layer] = torch.cat([p[layer] for p in parts])
+            state.prompt_hidden[layer] = hidden[layer]
             if keep_visual is None:  # with a device_map, each layer's rows sit on that layer's device
                 rows = state.prompt_hidden[layer]
                 state.visual_hidden[layer] = rows[vmask.to(rows.device)]
         return state, self.lm_head(out.last_hidden_state[:, -1])[0]
+
+    def visual_attention(self, state: DecodeState) -> torch.Tensor:
+        """[num_visual] SpecVLM's pruning scores of a prefill run with visual_attention=True: the
+        attention the text after the video pays each visual token, averaged over layers, heads and
+        text queries; computed on first call from the kept queries and the cache's prompt keys."""
+        scores = state.extra.get("visual_attention")
+        if scores is None:
+            queries = state.extra.pop("text_queries")
+            scores = attention.pruning_scores(queries, state.cache, *state.extra["visual_span"])
+            state.extra["visual_attention"] = scores = scores[state.extra["video_in_span"].to(scores.device)]
+        return scores
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         # under a device_map the LM head may sit on another device: logits come back to ours

@@ -9,6 +9,7 @@ they would occupy, so tree verification equals sequential decoding.
 from __future__ import annotations
 
 import torch
+from transformers.vision_utils import get_vision_window_index
 
 from .base import Backend, PreparedInputs
 from .chat_template import render_chat
@@ -96,9 +97,38 @@ class QwenVLBackend(Backend):
         return pos, int(pos[..., -1].max()) + 1 - ids.shape[1]
 
     def visual_features(self, inputs: PreparedInputs) -> torch.Tensor:
-        """[num_visual, hidden] merged visual tokens for the whole video."""
+        """[num_visual, hidden] merged visual tokens for the whole video.
+
+        When another backend's vision trunk output is in inputs.extra["vision_trunk"] and this
+        model's tower is the same up to its merger (`shares_vision_trunk`: a draft whose vision
+        blocks are a frozen copy of its target's, as the demo draft's are), only the merger runs."""
         kw = inputs.model_kwargs
-        return self.model.model.visual(kw["pixel_values_videos"], grid_thw=kw["video_grid_thw"]).pooler_output
+        shared = inputs.extra.get("vision_trunk")
+        if shared is not None and shared[0] is not self and self.shares_vision_trunk(shared[0]):
+            return self._merge(shared[1].to(self.device, self.model.dtype), kw["video_grid_thw"])
+        out = self.model.model.visual(kw["pixel_values_videos"], grid_thw=kw["video_grid_thw"])
+        if self.keep_vision_trunk:
+            inputs.extra["vision_trunk"] = (self, out.last_hidden_state)
+        return out.pooler_output
+
+    def _merge(self, trunk: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """The merger on a trunk output [num_patches, vision_hidden] (in the tower's window order, as
+        the tower's own forward leaves it), back in sequence order: the tower's last two lines."""
+        vc = self.model.config.vision_config
+        window_index, _ = get_vision_window_index(grid_thw, vc.spatial_merge_size, vc.window_size, vc.patch_size)
+        return self.model.model.visual.merger(trunk)[torch.argsort(window_index.to(trunk.device))]
+
+    def _same_vision_trunk(self, other) -> bool:
+        if type(other) is not type(self) or other.preprocess != self.preprocess:
+            return False
+        mine, theirs = self.model.model.visual, other.model.model.visual
+        if any(getattr(mine.config, k, None) != getattr(theirs.config, k, None)
+               for k in ("hidden_size", "depth", "window_size", "fullatt_block_indexes", "patch_size")):
+            return False
+        a = {k: v for k, v in mine.state_dict().items() if not k.startswith("merger.")}
+        b = {k: v for k, v in theirs.state_dict().items() if not k.startswith("merger.")}
+        return a.keys() == b.keys() and all(
+            a[k].shape == b[k].shape and torch.equal(a[k].cpu(), b[k].to(a[k].dtype).cpu()) for k in a)
 
     def input_embeds(self, inputs: PreparedInputs) -> torch.Tensor:
         embeds = self.model.model.get_input_embeddings()(inputs.input_ids)

@@ -1,7 +1,12 @@
 """The decoding loop: the only one. Every method is a drafter and a verifier plugged in here.
 
-    prefill target (and draft) -> loop { drafter.propose -> target.score -> verifier.verify ->
-    commit accepted tokens + bonus -> drafter.observe } until EOS, a stop string or the limit.
+    prefill target -> loop { drafter.propose (preparing the draft first, once, if not yet) ->
+    target.score -> verifier.verify -> commit accepted tokens + bonus -> drafter.observe }
+    until EOS, a stop string or the limit.
+
+A drafter has `start(target, inputs, target_state, clock)` (the request begins; with
+draft_prepare=eager it prepares its draft there), `propose`, `observe`, `estimates`, and
+`preparation` (a types.Preparation once its draft is prepared in this request, else None).
 
 Vanilla decoding is the same loop with a drafter that proposes nothing.
 """
@@ -55,8 +60,8 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     devices = memory_devices(backend.model, draft_model)  # every device the models use (device_map)
     clock = make_clock(devices)
     reset_peak_memory(devices)  # this sample's peak, not the run's
-    # 1. Preprocessing (frames to pixels, the prompt to ids), then the target prefill (in two parts
-    #    when the drafter prunes by the verifier's attention).
+    # 1. Preprocessing (frames to pixels, the prompt to ids), then the one target prefill (which also
+    #    collects the attention the text pays the video when the drafter prunes by it).
     t0 = clock()
     inputs = backend.prepare(prompt, videos)
     inputs.extra["request"] = (prompt, videos)
@@ -67,25 +72,30 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     stats.preprocess_s, stats.prefill_s = t1 - t0, clock() - t1
     stats.visual_tokens = stats.kept_visual_tokens = inputs.num_visual_tokens
     stats.prompt_tokens = int(inputs.input_ids.shape[1])
-    # 2. Draft prefill (pruning first, if any).
-    info = drafter.start(backend, inputs, state, clock)
+    # 2. The drafter starts: with draft_prepare=eager it prepares the draft now (pruning, vision tower,
+    #    prefill); lazily, on the first step its policy wants a draft (never, for a one-letter answer).
+    inputs.extra["prefill_s"] = stats.prefill_s  # the policy weighs the draft's preparation against it
+    drafter.start(backend, inputs, state, clock)
     inputs.extra.pop("embeds", None)  # the prompt's embeddings are not needed past the prefills
-    stats.prune_s, stats.draft_prefill_s = info.get("prune_s", 0.0), info.get("draft_prefill_s", 0.0)
-    stats.kept_visual_tokens = info.get("kept_visual_tokens", stats.visual_tokens)
     # 3. The first token comes from the prefill; then draft, score, verify, commit.
     first, margin = _greedy_with_margin(logits)
     generated, kinds, relevance, replaced, margins = [first], [TARGET], [None], [None], [margin]
     state.pending = list(generated)
     t_start = t_prev = clock()
+    prepare_in_decode = 0.0  # draft preparation done inside a step (lazy): not decoding time
     while not _finished(backend, generated, max_new_tokens, until):
+        before = _prepared_s(drafter)
         draft = drafter.propose(generated)
         t_drafted = clock()
+        prepared = _prepared_s(drafter) - before
+        prepare_in_decode += prepared
         scores = backend.score(state, draft, hidden_layers=layers)
         verdict = verifier.verify(draft, scores, state.visual_hidden)
         backend.commit(state, verdict)
         t_verified = clock()
         view = scores.host_view(draft)  # made by the verifier already: no second transfer
-        step = StepStats(draft.num_nodes, verdict.num_accepted, t_drafted - t_prev, t_verified - t_drafted, draft.plan)
+        step = StepStats(draft.num_nodes, verdict.num_accepted, t_drafted - t_prev - prepared,
+                         t_verified - t_drafted, draft.plan)
         drafter.observe(verdict, scores, step)  # its bookkeeping counts as the next step's drafting
         generated += verdict.tokens
         kinds += verdict.kinds
@@ -96,13 +106,32 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
         stats.draft_s += step.draft_s
         stats.verify_s += step.verify_s
         t_prev = t_verified
-    stats.decode_s = clock() - t_start
+    stats.decode_s = clock() - t_start - prepare_in_decode
     n, text = _truncate(backend, generated, max_new_tokens, until)
     stats.num_new_tokens = n
-    stats.peak_memory_mb = peak_memory_mb(devices)
+    _record_preparation(stats, getattr(drafter, "preparation", None))
     stats.policy = drafter.estimates()
+    stats.e2e_s = clock() - t0
+    stats.peak_memory_mb = peak_memory_mb(devices)
     return Output(tokens=generated[:n], text=text, stats=stats, kinds=kinds[:n], relevance=relevance[:n],
                   replaced=replaced[:n], margins=margins[:n])
+
+
+def _prepared_s(drafter) -> float:
+    """Seconds the drafter has spent preparing its draft in this request so far."""
+    preparation = getattr(drafter, "preparation", None)
+    return 0.0 if preparation is None else preparation.total_s
+
+
+def _record_preparation(stats: SampleStats, preparation) -> None:
+    """The draft's preparation (types.Preparation) into the sample's stats; None: never prepared."""
+    if preparation is None:
+        return
+    stats.prune_s, stats.draft_vision_s = preparation.prune_s, preparation.draft_vision_s
+    stats.draft_prefill_s, stats.draft_prepare_s = preparation.draft_prefill_s, preparation.total_s
+    stats.draft_prepared_at = preparation.at
+    if preparation.kept_visual_tokens is not None:
+        stats.kept_visual_tokens = preparation.kept_visual_tokens
 
 
 def _greedy_with_margin(logits: torch.Tensor) -> tuple[int, float]:

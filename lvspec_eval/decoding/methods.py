@@ -46,6 +46,7 @@ LOSSLESS_VERIFIERS = ("exact",)
 # (depth, topk, total) per tree kind when the user sets none. The fixed shapes keep the settings
 # every earlier figure was measured with; adaptive's are caps, wide enough for a GPU, where a
 # 64-node verification costs about one target step (the policy measures and stays narrow on a CPU).
+DRAFT_PREPARE = ("eager", "lazy")
 TREE_DEFAULTS = {"adaptive": (12, 8, 64), "dynamic": (8, 4, 16), "chain": (8, 1, 8), "static": (5, 4, 25)}
 
 
@@ -61,11 +62,26 @@ class DecodeOptions:
     tree_static: str = "specvlm26"
     prune_ratio: float = 0.9
     prune_lambda: float = 0.4
+    # eager: prepare the draft (pruning, its vision tower, its prefill) right after the target's
+    # prefill, every request; lazy: on the first step that drafts (the adaptive policy's choice,
+    # weighing what preparing costs; a fixed tree's first step), never for a one-token answer.
+    # None: lazy with tree=adaptive, eager with the fixed trees (their behaviour before the option).
+    draft_prepare: str | None = None
     extra: dict = field(default_factory=dict)  # verifier/drafter options (fly_*, lv_*, sparrow_*)
 
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)} - {"extra"}
+
+    def __post_init__(self):
+        if self.draft_prepare not in (None, *DRAFT_PREPARE):
+            raise ValueError(f"draft_prepare={self.draft_prepare!r}; expected one of {', '.join(DRAFT_PREPARE)}")
+
+    def eager_draft(self) -> bool:
+        """Whether the draft is prepared at the start of every request (see `draft_prepare`)."""
+        if self.draft_prepare is None:
+            return self.tree != "adaptive"
+        return self.draft_prepare == "eager"
 
     def tree_config(self) -> TreeConfig:
         depth, topk, total = (given if given is not None else default for given, default in
@@ -81,8 +97,10 @@ class DecodeOptions:
 # itself drafts (Self-SD)
 DRAFTERS: dict[str, Callable] = {
     "none": lambda opts, draft, target: NoDrafter(),
-    "model": lambda opts, draft, target: ModelDrafter(opts.tree_config(), draft),
-    "pruned": lambda opts, draft, target: ModelDrafter(opts.tree_config(), draft, opts.prune_config()),
+    "model": lambda opts, draft, target: ModelDrafter(opts.tree_config(), draft, eager=opts.eager_draft(),
+                                                      target=target),
+    "pruned": lambda opts, draft, target: ModelDrafter(opts.tree_config(), draft, opts.prune_config(),
+                                                       eager=opts.eager_draft(), target=target),
     "sparrow": sparrow.build_drafter,
 }
 # name -> factory(options)

@@ -33,6 +33,16 @@ every EXPLORE_EVERY-th drafting step tries a neighbouring width, so the cost of 
 of a node can be told apart and every width's acceptance keeps being measured. After growing the tree it keeps the n nodes with the
 highest calibrated path values v (the product of f(q) along the path: the chance that the path to
 the node is accepted), n maximising (1 + sum of the n best v) / (draft so far + verify(1 + n)).
+Preparing the draft (draft_prepare=lazy, the default with this policy): a request's draft (pruning,
+its vision tower, its prefill) is prepared only on the first step that drafts, and only if
+    (tokens the answer still needs) x (plain step - 1 / rate) > (expected preparation cost),
+or when the cost is under CHEAP_SHARE of decoding the answer's rest plainly (then it is as good
+as eager, and every request measures its draft again). The cost is the median, over the run's last
+RECENT preparations, of their time over the same request's target prefill time, times this
+request's prefill time (a ratio, because a shared machine's load slows both alike; it grows with
+the video as both do). The run's first preparation
+happens unconditionally, to measure it, and after PREPARE_PROBE requests refused one, then 8, 16, ...,
+one prepares anyway. The draft then catches up on the committed tokens.
 Anchors: transformers' assisted generation (a draft length that grows and shrinks), SpecDec++ (stop
 where the predicted rejection probability is high), EAGLE-2 (confidence-ranked dynamic trees).
 """
@@ -50,6 +60,9 @@ from .types import HostView, StepStats, Verdict
 NUM_BINS = 10  # calibration bins of the draft's probability
 REFRESH_EVERY = 50  # drafting steps between two plain steps that re-measure the one-token step
 EXPLORE_EVERY = 8  # every this many drafting steps, one tries a neighbouring tree width
+PREPARE_PROBE = 4  # requests refused a draft preparation before one prepares anyway (then 8, 16, ...)
+RECENT = 8  # preparations whose median cost estimates the next one
+CHEAP_SHARE = 0.05  # a preparation under this share of the answer's expected plain decoding is always made
 
 
 class OnlineLinear:
@@ -152,6 +165,18 @@ class AdaptivePolicy:
         # per task): a run of multiple-choice and caption tasks keeps one mean for each
         self.mean_lengths: dict[int | None, float] = {}
         self.budget: int | None = None  # the current request's max_new_tokens
+        # Preparing the draft (draft_prepare=lazy): what recent preparations cost relative to the same
+        # request's target prefill (a ratio: a shared machine's load slows both alike) or, where the
+        # prefill time is not known, per prompt token; whether this request's draft is ready; and
+        # the requests refused a preparation since the last one (every PREPARE_PROBE-th, then twice
+        # as rarely, prepares anyway, so one preparation timed in a load spike cannot rule it out)
+        self.prepare_ratios: list[float] = []
+        self.prepare_per_token_seen: list[float] = []
+        self.prompt_tokens = 0
+        self.prefill_s: float | None = None
+        self.is_prepared = True
+        self.refused, self.refused_this_request = 0, False
+        self.prepare_probe_every = PREPARE_PROBE
         self.sample_tokens = 0  # tokens committed so far in the current sample
         self.generated = 0  # tokens the current sample had when this step was planned
         self.skipped = 0  # steps decoded without a draft since the last probe
@@ -161,9 +186,11 @@ class AdaptivePolicy:
         self.drafting_steps = 0
 
     # ---- choosing ---------------------------------------------------------------------------------
-    def start_sample(self, budget: int | None = None) -> None:
-        """A new request with `budget` max_new_tokens: fold the last one's length into the mean answer
-        length of the last one's budget. Requests are told apart by budget because lmms-eval sets it
+    def start_sample(self, budget: int | None = None, prompt_tokens: int = 0, prepared: bool = True,
+                     prefill_s: float | None = None) -> None:
+        """A new request with `budget` max_new_tokens, `prompt_tokens` prompt tokens and a target
+        prefill of `prefill_s` seconds, its draft `prepared` or not yet: fold the last one's length
+        into the mean answer length of the last one's budget. Requests are told apart by budget because lmms-eval sets it
         per task and runs one task's requests after another's: with one mean for the run, ten
         one-letter answers of a multiple-choice task made the next task's captions undrafted."""
         if self.sample_tokens:
@@ -171,10 +198,61 @@ class AdaptivePolicy:
             self.mean_lengths[self.budget] = n if mean is None else 0.8 * mean + 0.2 * n
         self.sample_tokens = 0
         self.budget = budget
+        self.prompt_tokens, self.is_prepared, self.prefill_s = prompt_tokens, prepared, prefill_s
+        self.refused += self.refused_this_request
+        self.refused_this_request = False
         # A new request probes at its first step where no draft is expected to pay: how well a draft
         # follows depends on the request (a pruned draft at 4,096 visual tokens hardly ever, at 256
         # mostly), and a back-off grown over hard requests would leave short easy ones undrafted.
         self.skipped = self.probe_every
+
+    def observe_preparation(self, seconds: float) -> None:
+        """The current request's draft was prepared in `seconds`: learn what preparing costs."""
+        self.is_prepared = True
+        if self.prefill_s:
+            self.prepare_ratios = (self.prepare_ratios + [seconds / self.prefill_s])[-RECENT:]
+        self.prepare_per_token_seen = (self.prepare_per_token_seen + [seconds / max(self.prompt_tokens, 1)])[-RECENT:]
+
+    def prepare_cost(self) -> float | None:
+        """Expected seconds to prepare this request's draft (None: never prepared in this run)."""
+        if self.prefill_s and self.prepare_ratios:
+            return float(np.median(self.prepare_ratios)) * self.prefill_s
+        if self.prepare_per_token_seen:
+            return float(np.median(self.prepare_per_token_seen)) * self.prompt_tokens
+        return None
+
+    def preparation_pays(self, rate: float | None) -> bool:
+        """Whether preparing the draft now (pruning, its vision tower, its prefill) is repaid by
+        drafting at `rate` tokens/s instead of decoding plainly for the rest of the answer:
+        (tokens left) x (plain step - 1 / rate) > `prepare_cost()`. The tokens left are what the answer
+        is expected to need (`remaining`), within the request's budget. Yes when the run has not
+        prepared a draft yet or drafted nothing yet (`rate` None): to measure; and when preparing
+        costs under CHEAP_SHARE of decoding those tokens plainly (a Sparrow head, a draft on a short
+        video): then it is as good as eager, and the drafting steps keep measuring how well the draft
+        does on this request (a rate measured in a bad stretch must not rule drafting out). Refused, every
+        PREPARE_PROBE-th request refused in a row (then 8, 16, ...) prepares anyway: the costs and
+        the rate are estimates too, and only a prepared draft measures them again."""
+        cost = self.prepare_cost()
+        if cost is None or rate is None:
+            return True
+        left = self.remaining()
+        if self.budget:
+            left = min(left, self.budget - self.generated)
+        if self.single is not None and cost <= CHEAP_SHARE * left * self.single:
+            return True  # cheap next to the answer's plain decoding: prepare, and measure drafting again
+        saving = -math.inf  # drafting does not pay even once prepared
+        if self.single is not None and rate > 1.0 / self.single:
+            saving = left * (self.single - 1.0 / rate)
+        if saving > cost:
+            self.refused, self.prepare_probe_every = 0, PREPARE_PROBE
+            return True
+        # The estimates behind the refusal (drafting's rate too) were measured on earlier requests;
+        # a prepared draft is what re-measures them, so now and then one is prepared anyway.
+        if self.refused >= self.prepare_probe_every:  # a probe; the next one twice as far away
+            self.refused, self.prepare_probe_every = 0, 2 * self.prepare_probe_every
+            return True
+        self.refused_this_request = True
+        return False
 
     @property
     def mean_length(self) -> float | None:
@@ -207,6 +285,10 @@ class AdaptivePolicy:
         accept = self.accept_rate(width)
         info = {"depth": depth, "width": width, "est_rate": rate, "vanilla_rate": vanilla,
                 "est_accept": accept, "model_accepted": self._model_accepted(accept, depth)}
+        if not self.is_prepared:
+            info["prepare_est_s"] = self.prepare_cost()
+            if not self.preparation_pays(rate):
+                return None, {**info, "depth": 0, "width": 0, "reason": "preparing the draft does not pay"}
         if rate < vanilla:
             self.skipped += 1
             if self.skipped < self.probe_every:
@@ -361,4 +443,6 @@ class AdaptivePolicy:
                 "verify_cost_fit": fit(self.verify), "draft_cost_fit": fit(self.draft),
                 "accept_by_width": {str(w): round(c, 4) for w, c in self.accept_rates().items()},
                 "realised_over_model": round(self._correction(), 4),
+                "prepare_over_prefill": (None if not self.prepare_ratios
+                                         else round(float(np.median(self.prepare_ratios)), 4)),
                 "calibration": [round(x, 4) for x in self.calibration.table()]}

@@ -2,7 +2,9 @@
 
 tau (mean accepted length) counts the draft tokens accepted per step and EXCLUDES the bonus token
 the target adds, as the papers report it; tokens_per_step = tau + 1 counts it. Decode time starts
-after the target prefill, the pruning and the draft prefill; end-to-end time includes them.
+after the target prefill and leaves out the draft's preparation (pruning, its vision tower, its
+prefill), also when that happens in the middle of a request (draft_prepare=lazy); end-to-end time
+(e2e_s) is read off the clock from the request to the answer, so it includes all of them.
 """
 from __future__ import annotations
 
@@ -21,10 +23,14 @@ class SampleStats:
     kept_visual_tokens: int = 0
     prompt_tokens: int = 0
     preprocess_s: float = 0.0  # frames to pixels and prompt to ids (CPU work, before the prefill)
-    prefill_s: float = 0.0
-    prune_s: float = 0.0
-    draft_prefill_s: float = 0.0
-    decode_s: float = 0.0
+    prefill_s: float = 0.0  # the target's one prefill (vision tower included)
+    prune_s: float = 0.0  # selecting the pruned draft's video tokens (part of draft_prepare_s)
+    draft_vision_s: float = 0.0  # the draft's input embeddings: its vision tower (part of draft_prepare_s)
+    draft_prefill_s: float = 0.0  # the draft's prefill, vision tower excluded (part of draft_prepare_s)
+    draft_prepare_s: float = 0.0  # all draft-side preparation: prune_s + draft_vision_s + draft_prefill_s
+    draft_prepared_at: int | None = None  # generated tokens when the draft was prepared; None: never
+    decode_s: float = 0.0  # after the target prefill, draft preparation left out
+    e2e_s: float = 0.0  # wall clock from the request to the answer (measured, not summed)
     draft_s: float = 0.0
     verify_s: float = 0.0
     steps: list[StepStats] = field(default_factory=list)
@@ -41,10 +47,6 @@ class SampleStats:
     def tau(self) -> float:
         return sum(self.accepted_lengths) / len(self.steps) if self.steps else 0.0
 
-    @property
-    def e2e_s(self) -> float:
-        return self.preprocess_s + self.prefill_s + self.prune_s + self.draft_prefill_s + self.decode_s
-
     def to_dict(self) -> dict:
         """The JSON record written to stats_path (one per sample); report.py reads these keys."""
         d = {k: v for k, v in asdict(self).items() if k != "steps"}
@@ -55,7 +57,6 @@ class SampleStats:
             accepted_lengths=self.accepted_lengths,
             tau=self.tau,
             tokens_per_step=self.tau + 1 if n else 0.0,
-            e2e_s=self.e2e_s,
             decode_tokens_per_s=self.num_new_tokens / self.decode_s if self.decode_s > 0 else 0.0,
             e2e_tokens_per_s=self.num_new_tokens / self.e2e_s if self.e2e_s > 0 else 0.0,
             draft_step_ms=1000 * self.draft_s / n if n else 0.0,

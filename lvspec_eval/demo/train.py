@@ -746,20 +746,21 @@ def pruned_keep(target, embeds: torch.Tensor, pos: torch.Tensor, ids: torch.Tens
                 video_token_id: int) -> torch.Tensor:
     """[len(ids)] bool: the positions of one training sample a SpecVLM-pruned draft keeps, every
     text token and the video tokens `select_visual_tokens` picks from the attention the prompt's
-    text after the video pays them (collected by the engine's prefill's own `backends.base.run_prompt`:
-    the prompt in two parts, the second under an explicit mask). embeds [1, L, hidden] and pos
+    text after the video pays them (collected by the engine's prefill's own `backends.base.run_prompt`,
+    in the one prefill). embeds [1, L, hidden] and pos
     [3, 1, L]: the target's, as `_embed_inputs` gives them for this sample."""
     from transformers import DynamicCache
 
+    from ..backends.attention import pruning_scores
     from ..backends.base import run_prompt
     from ..decoding.pruning import PruneConfig, select_visual_tokens
 
     video = (ids == video_token_id).nonzero().flatten()
     span = (int(video[0]), int(video[-1]) + 1)
     cache = DynamicCache(config=target.config.get_text_config())
-    parts = run_prompt(target.model.language_model, embeds[:, :num_prompt], pos[..., :num_prompt], cache, span,
-                       split=span[1])
-    scores = [s for _, s in parts if s is not None][0]
+    _, queries = run_prompt(target.model.language_model, embeds[:, :num_prompt], pos[..., :num_prompt], cache,
+                            collect_from=span[1])
+    scores = pruning_scores(queries, cache, *span)
     keep = ids != video_token_id
     keep[video[select_visual_tokens(scores, PruneConfig())]] = True
     return keep

@@ -169,10 +169,18 @@ class TreePlanner:
         if self._fixed is not None:
             self.grower.prepare(self._fixed)
 
-    def start_sample(self, budget: int | None = None) -> None:
-        """A new request of at most `budget` new tokens (the policy keeps answer lengths per budget)."""
+    def start_sample(self, budget: int | None = None, prompt_tokens: int = 0, prepared: bool = True,
+                     prefill_s: float | None = None) -> None:
+        """A new request of at most `budget` new tokens, `prompt_tokens` prompt tokens and a target
+        prefill of `prefill_s` seconds; `prepared`: whether its draft is already prepared (else the
+        policy weighs preparing it before drafting)."""
         if self.policy is not None:
-            self.policy.start_sample(budget)
+            self.policy.start_sample(budget, prompt_tokens, prepared, prefill_s)
+
+    def prepared(self, seconds: float) -> None:
+        """The draft was prepared, in `seconds` (the policy learns what preparing costs)."""
+        if self.policy is not None:
+            self.policy.observe_preparation(seconds)
 
     def next_shape(self, num_generated: int = 0) -> tuple[Shape | None, dict | None]:
         """The step's shape (None: propose nothing this step) and what the policy chose, if any."""

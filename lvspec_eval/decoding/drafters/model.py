@@ -14,7 +14,7 @@ import torch
 from ...backends.base import Backend, DecodeState, PreparedInputs
 from ..pruning import PruneConfig, select_visual_tokens
 from ..tree import TreeConfig
-from ..types import Draft
+from ..types import Draft, Preparation
 from . import growth
 
 
@@ -24,6 +24,7 @@ class NoDrafter:
     name = "none"
     hidden_layers: tuple[int, ...] = ()
     needs_visual_attention = False
+    preparation = None  # nothing to prepare
 
     def start(self, target: Backend, inputs: PreparedInputs, target_state: DecodeState, clock) -> dict:
         return {}
@@ -39,44 +40,80 @@ class NoDrafter:
 
 
 class ModelDrafter:
-    """Draft with a causal LM backend (`backend=None` means the target itself: Self-SD)."""
+    """Draft with a causal LM backend (`backend=None` means the target itself: Self-SD).
+
+    Preparing the draft (pruning, its vision tower, its prefill) happens in `start` when `eager`,
+    else on the first step whose plan wants a draft (`draft_prepare=lazy`): a request that ends
+    before that step costs no draft-side work at all. A late draft then catches up on the tokens
+    committed so far in one causal forward (`_refeed`), so its proposals are the ones it would have
+    made had it been prepared at the start.
+    """
 
     hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, tree: TreeConfig, backend: Backend | None = None, prune: PruneConfig | None = None):
-        self.tree, self.backend, self.prune = tree, backend, prune
+    def __init__(self, tree: TreeConfig, backend: Backend | None = None, prune: PruneConfig | None = None,
+                 eager: bool = True, target: Backend | None = None):
+        self.tree, self.backend, self.prune, self.eager = tree, backend, prune, eager
+        if backend is not None and target is not None and backend.shares_vision_trunk(target):
+            target.keep_vision_trunk = True  # the draft embeds the video from the target's tower output
         self.needs_visual_attention = prune is not None
         self.name = ("self" if backend is None else "model") + ("+pruned" if prune else "")
-        self.state: DecodeState | None = None
+        self.state: DecodeState | None = None  # the draft's decode state, once prepared
+        self.preparation: Preparation | None = None  # what preparing cost, once prepared
         self.planner: growth.TreePlanner | None = None  # made at start(), on the drafting model's device
         self.num_fed = 0  # generated tokens already in the draft cache
         self._root_logits: torch.Tensor | None = None  # draft logits after the last fed token
+        self._request: tuple | None = None  # (target, inputs, target state, clock, embeds) until prepared
 
     def start(self, target: Backend, inputs: PreparedInputs, target_state: DecodeState, clock) -> dict:
-        """Prefill the draft (after pruning, if configured); returns timings and token counts.
+        """Take the request; prepare the draft now when eager. Returns the preparation's figures
+        (empty when it is left for later).
 
-        The draft reuses the target's prepared inputs (no second frame preprocessing) and, when the
-        target drafts for itself, the target's input embeddings (no second run of the vision tower).
-        """
+        The draft reuses the target's prepared inputs (no second frame preprocessing, chat template
+        or position computation), when the target drafts for itself the target's input embeddings
+        (no second run of the vision tower), and when the draft's vision tower is the target's up to
+        its merger (`Backend.shares_vision_trunk`) the target's tower output (only the merger runs)."""
+        self.active = self.backend or target
+        if self.planner is None or self.planner.grower.device != self.active.device:
+            self.planner = growth.TreePlanner(self.tree, self.active.device, target.eos_token_ids)  # for the whole run
+        self.planner.start_sample(inputs.extra.get("max_new_tokens"), int(inputs.input_ids.shape[1]), self.eager,
+                                  inputs.extra.get("prefill_s"))
+        embeds = inputs.extra.get("embeds") if self.backend is None else None  # Self-SD: the target's
+        self.state, self.preparation, self.num_fed = None, None, 0
+        self._request = (target, inputs, target_state, clock, embeds)
+        if self.eager:
+            return self.prepare(0).as_dict()
+        return {}
+
+    def prepare(self, num_generated: int) -> Preparation:
+        """Prune (if configured), embed (the draft's vision tower) and prefill the draft."""
+        target, inputs, target_state, clock, embeds = self._request
         t0 = clock()
         keep = None
         if self.prune is not None and inputs.num_visual_tokens:
-            keep = select_visual_tokens(target_state.extra["visual_attention"], self.prune)
+            keep = select_visual_tokens(target.visual_attention(target_state), self.prune)
         t1 = clock()
-        backend = self.backend or target
-        draft_inputs = inputs if backend is target else backend.adopt_inputs(inputs, target)
-        if backend is not target and draft_inputs.num_visual_tokens != inputs.num_visual_tokens:
-            raise ValueError("draft and target disagree on the number of visual tokens "
-                             f"({draft_inputs.num_visual_tokens} vs {inputs.num_visual_tokens}): they must "
-                             "share the visual-token layout")
+        backend = self.active
+        if backend is target:
+            draft_inputs = inputs
+            draft_inputs.extra["embeds"] = embeds if embeds is not None else backend.input_embeds(inputs)
+        else:
+            draft_inputs = backend.adopt_inputs(inputs, target)
+            if draft_inputs.num_visual_tokens != inputs.num_visual_tokens:
+                raise ValueError("draft and target disagree on the number of visual tokens "
+                                 f"({draft_inputs.num_visual_tokens} vs {inputs.num_visual_tokens}): they must "
+                                 "share the visual-token layout")
+            draft_inputs.extra["embeds"] = backend.input_embeds(draft_inputs)
+        t2 = clock()
         self.state, _ = backend.prefill(draft_inputs, keep_visual=keep)
-        self.active = backend
-        if self.planner is None or self.planner.grower.device != backend.device:
-            self.planner = growth.TreePlanner(self.tree, backend.device, target.eos_token_ids)  # for the whole run
-        self.planner.start_sample(inputs.extra.get("max_new_tokens"))
-        self.num_fed = 0
+        for extra in (draft_inputs.extra, inputs.extra):
+            extra.pop("embeds", None)
+            extra.pop("vision_trunk", None)
+        self._request = None  # the request's tensors are not needed any more
         kept = inputs.num_visual_tokens if keep is None else int(keep.numel())
-        return {"prune_s": t1 - t0, "draft_prefill_s": clock() - t1, "kept_visual_tokens": kept}
+        self.preparation = Preparation(num_generated, t1 - t0, t2 - t1, clock() - t2, kept)
+        self.planner.prepared(self.preparation.total_s)
+        return self.preparation
 
     def observe(self, verdict, scores, step=None) -> None:
         if step is not None:
@@ -89,6 +126,8 @@ class ModelDrafter:
         shape, plan = self.planner.next_shape(len(generated))
         if shape is None:  # the policy expects no draft to pay this step: the target decodes alone
             return Draft.empty(self.active.device, plan)
+        if self.state is None:  # the first draft of this request: prepare it now (lazy)
+            self.prepare(len(generated))
         root_logits = self._refeed(generated)
         try:
             return self._grow(shape, plan, root_logits)

@@ -55,7 +55,7 @@ from ...backends.base import (
 )
 from ...backends.loading import DEMO_NAMES
 from ..tree import TreeConfig
-from ..types import Draft
+from ..types import Draft, Preparation
 from . import growth
 
 HEAD_CONFIG, HEAD_WEIGHTS = "sparrow_config.json", "sparrow_head.safetensors"
@@ -175,8 +175,10 @@ class SparrowDrafter:
     # model_args options (the `sparrow_` prefix routes them here) and their defaults
     OPTIONS: ClassVar[dict] = {"sparrow_head": None, "sparrow_hsr": "on"}
 
-    def __init__(self, head: SparrowHead, target: Backend, tree: TreeConfig, hsr: bool = True):
-        self.head, self.target, self.tree, self.hsr = head, target, tree, hsr
+    def __init__(self, head: SparrowHead, target: Backend, tree: TreeConfig, hsr: bool = True, eager: bool = True):
+        self.head, self.target, self.tree, self.hsr, self.eager = head, target, tree, hsr, eager
+        self.preparation: Preparation | None = None  # what preparing the head cost, once prepared
+        self._request: tuple | None = None  # (inputs, target state, clock) until prepared
         self.embed = target.model.get_input_embeddings()
         self.cache: DynamicCache | None = None
         self.cache_len = self.temp_len = 0  # committed / temporary entries in the head's cache
@@ -191,7 +193,21 @@ class SparrowDrafter:
     # ---- protocol -----------------------------------------------------------------------------
     @torch.no_grad()
     def start(self, target: Backend, inputs: PreparedInputs, target_state: DecodeState, clock) -> dict:
-        """Feed the prompt's text tokens, each with the target's h at the previous sequence position."""
+        """Take the request; prepare the head now when eager (else on its first draft: `prepare`).
+        The head's bookkeeping of the target's hidden states (`observe`) runs either way."""
+        if self.planner is None:
+            self.planner = growth.TreePlanner(self.tree, self.target.device, self.target.eos_token_ids)
+        self.planner.start_sample(inputs.extra.get("max_new_tokens"), int(inputs.input_ids.shape[1]), self.eager,
+                                  inputs.extra.get("prefill_s"))
+        self.cache, self.preparation, self.known, self.num_generated = None, None, [], 0
+        self._request = (inputs, target_state, clock)
+        return self.prepare(0).as_dict() if self.eager else {}
+
+    @torch.no_grad()
+    def prepare(self, num_generated: int) -> Preparation:
+        """Feed the prompt's text tokens, each with the target's h at the previous sequence position
+        (the head has no vision tower and no visual KV: nothing to prune or embed)."""
+        inputs, target_state, clock = self._request
         t0 = clock()
         hidden = target_state.prompt_hidden[FINAL]  # [prompt_len, hidden]
         text_idx = (~inputs.visual_mask).nonzero().flatten()
@@ -199,12 +215,12 @@ class SparrowDrafter:
         tokens = inputs.input_ids[0, text_idx.to(inputs.input_ids.device)]
         self.cache = DynamicCache(config=self.head.config)
         self.cache_len = self.temp_len = self.num_fed = 0
-        self.num_text, self.known, self.last_prompt_h = len(text_idx), [], hidden[-1]
+        self.num_text, self.last_prompt_h = len(text_idx), hidden[-1]
         self._feed_committed(tokens, prev)
-        if self.planner is None:
-            self.planner = growth.TreePlanner(self.tree, self.target.device, self.target.eos_token_ids)
-        self.planner.start_sample(inputs.extra.get("max_new_tokens"))
-        return {"draft_prefill_s": clock() - t0, "kept_visual_tokens": 0}
+        self._request = None
+        self.preparation = Preparation(num_generated, draft_prefill_s=clock() - t0, kept_visual_tokens=0)
+        self.planner.prepared(self.preparation.total_s)
+        return self.preparation
 
     @torch.no_grad()
     def propose(self, generated: list[int]) -> Draft:
@@ -212,6 +228,8 @@ class SparrowDrafter:
         shape, plan = self.planner.next_shape(len(generated))
         if shape is None:  # the draft policy expects no draft to pay this step
             return Draft.empty(self.target.device, plan)
+        if self.cache is None:  # the first draft of this request: prepare the head now (lazy)
+            self.prepare(len(generated))
         try:
             logits, out, tail = self._catch_up(generated)
             return self._grow(shape, plan, logits, out, tail, len(generated) - 1)
@@ -337,4 +355,5 @@ def build_drafter(options, draft_backend, target_backend) -> SparrowDrafter:
                              "default head")
         path = DEMO_HEAD
     head = SparrowHead.load(path, target_backend)
-    return SparrowDrafter(head, target_backend, options.tree_config(), hsr=values["sparrow_hsr"] == "on")
+    return SparrowDrafter(head, target_backend, options.tree_config(), hsr=values["sparrow_hsr"] == "on",
+                          eager=options.eager_draft())
