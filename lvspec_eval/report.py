@@ -75,7 +75,8 @@ from pathlib import Path
 
 from judges import stats
 from lvspec_eval import baseline_run as baseline_runs
-from lvspec_eval import divergence, report_html, report_plots, report_policy
+from lvspec_eval import divergence, report_html, report_overview, report_plots, report_policy
+from lvspec_eval.report_html import Section, Table
 from lvspec_eval.divergence import divergence_summary  # noqa: F401  (for `check` and callers holding records)
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class ReportOptions:
     echo: bool = False  # print the table to stdout
     plots: bool = True  # draw the PNGs (off: faster, for CI gates that read only summary.json)
     length_tasks: tuple[str, ...] = ()  # rows after the other tasks', in this order (see the docstring)
+    lossless_tasks: tuple[str, ...] = ()  # tasks whose recommended method must be lossless (exact output)
 
 
 @dataclass(frozen=True)
@@ -316,8 +318,8 @@ def speed_fields(pairs: list[tuple[dict, dict]]) -> dict:
             "n_timed": 0,
             "tau": nan,
             "tokens_per_step": nan,
-            "decode_speedup": nan,
             "e2e_speedup": nan,
+            "decode_speedup": nan,
             "decode_tokens_per_s": nan,
             "timing": None,
         }
@@ -328,8 +330,8 @@ def speed_fields(pairs: list[tuple[dict, dict]]) -> dict:
         "n_timed": len(pairs),
         "tau": tau,
         "tokens_per_step": tau + 1.0,
-        "decode_speedup": _ratio(_total(vanilla, "decode_s"), _total(method, "decode_s")),
         "e2e_speedup": _ratio(_total(vanilla, "e2e_s"), _total(method, "e2e_s")),
+        "decode_speedup": _ratio(_total(vanilla, "decode_s"), _total(method, "decode_s")),
         "decode_tokens_per_s": _ratio(_total(method, "num_new_tokens"), _total(method, "decode_s")),
         "timing": _timing_basis(pairs),
     }
@@ -415,7 +417,19 @@ def method_row(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions)
     if run.lossless and run.method != opts.baseline:
         row["divergence"] = divergence.row_fields(run.stats, vanilla.stats)
     row["policy"] = report_policy.policy_fields(run.stats.values())
+    row.update(sample_shape([m for m, _ in pairs]))
     return row
+
+
+def sample_shape(records: list[dict]) -> dict:
+    """Mean visual tokens and answer length of the timed samples (the leaderboard's task groups), and
+    the mean seconds per phase of a request (report_overview.PHASES)."""
+    def mean(key: str) -> float:
+        values = [float(r[key]) for r in records if isinstance(r.get(key), (int, float))]
+        return sum(values) / len(values) if values else float("nan")
+
+    return {"visual_tokens": mean("visual_tokens"), "mean_new_tokens": mean("num_new_tokens"),
+            "time_breakdown": report_overview.breakdown_fields(records)}
 
 
 def method_sort_key(method: str) -> tuple[int, str]:
@@ -478,8 +492,8 @@ COLUMNS = (
     ("failed", lambda r: str(r["failed"])),
     ("tau", lambda r: _num(r["tau"], ".2f")),
     ("tokens/step", lambda r: _num(r["tokens_per_step"], ".2f")),
-    ("decode speedup", lambda r: _num(r["decode_speedup"], ".2f", "x")),
     ("e2e speedup", lambda r: _num(r["e2e_speedup"], ".2f", "x")),
+    ("decode speedup", lambda r: _num(r["decode_speedup"], ".2f", "x")),
     ("timing", lambda r: r.get("timing") or "-"),
     ("decode tok/s", lambda r: _num(r["decode_tokens_per_s"], ".1f")),
     ("metric", lambda r: r["metric"]),
@@ -523,14 +537,75 @@ def method_note(opts: ReportOptions) -> str:
     )
 
 
-def markdown_page(rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions) -> str:
-    parts = ["# lvspec-eval leaderboard", "", method_note(opts), "", markdown_table(rows), ""]
-    parts += [divergence.markdown_section(rows)] if divergence.markdown_section(rows) else []
-    parts += [report_policy.markdown_section(rows)] if report_policy.markdown_section(rows) else []
-    if any(p.path for p in plots):
-        parts += ["## Plots", ""] + [f"![{p.caption}]({p.path.name})  \n{p.caption}\n" for p in plots if p.path]
-    parts += [p.markdown + "\n" for p in plots if p.markdown]
-    return "\n".join(parts)
+LEADERBOARD_NOTE = (
+    "A cell: end-to-end speedup over the baseline (wall clock from request to answer, preprocessing and every "
+    "prefill included) and, below it, retention (quality / the baseline's). Task-group cells: the geometric mean "
+    "speedup and the lowest retention of the group's tasks; groups: multiple choice = answers of at most "
+    f"{report_overview.SHORT_ANSWER_TOKENS} tokens, long videos = at least {report_overview.LONG_VIDEO_TOKENS} "
+    "visual tokens. tau: mean accepted draft tokens per step (bonus excluded), averaged over tasks. Overall: "
+    "geometric means over the method's tasks; decode overall counts the decoding loop only."
+)
+BREAKDOWN_NOTE = (
+    "Mean milliseconds per sample in each phase of a request, over the method's timed samples: preprocessing "
+    "(video decoding, processor), the target's prefill, the draft's preparation (its vision tower and prefill), "
+    "pruning the draft's visual tokens, decoding; other = the measured end-to-end time minus these."
+)
+
+
+def summary_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
+    """Which method to use per task, then the failures and divergences (if any)."""
+    picks = report_overview.recommend(rows, opts.baseline, opts.lossless_tasks)
+    issues = report_overview.problems(rows, opts.baseline)
+    intro = (f"Per task, the fastest method end to end among those whose retention interval clears the "
+             f"{opts.margin:.0%} non-inferiority margin (the baseline, {opts.baseline}, always qualifies)"
+             + (f"; lossless required on {', '.join(opts.lossless_tasks)}" if opts.lossless_tasks else "") + ".")
+    table = Table(report_overview.RECOMMEND_HEADERS, report_overview.recommend_cells(picks), element_id="recommended")
+    out = [Section("Summary: which method to use", [intro], [table], element_id="summary")]
+    if issues:
+        out.append(Section("Failures and divergences", bullets=issues, element_id="problems"))
+    return out
+
+
+def table_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
+    """The compact leaderboard, the time breakdown, then the full tables, collapsed."""
+    headers, cells = report_overview.leaderboard(rows, opts.baseline)
+    main = [r for r in rows if r["task"] not in opts.length_tasks]
+    lengths = [r for r in rows if r["task"] in opts.length_tasks]
+    out = [Section("Leaderboard (end to end)", [LEADERBOARD_NOTE],
+                   [Table(headers, cells, css="leaderboard", element_id="leaderboard")], element_id="board"),
+           Section("Where the time goes", [BREAKDOWN_NOTE],
+                   [Table(report_overview.BREAKDOWN_HEADERS, report_overview.breakdown_cells(rows, opts.baseline))]),
+           Section("All figures, per task and method", [method_note(opts)],
+                   [Table(*table_cells(main), css="wide", element_id="full-table")], collapsed=True)]
+    if lengths:
+        out.append(Section("Length stage: the same task at other video lengths",
+                           ["A few samples per length, for the speedup-vs-visual-tokens plot."],
+                           [Table(*table_cells(lengths), css="wide", element_id="length-table")], collapsed=True))
+    return out
+
+
+def detail_sections(rows: list[dict], plots: list[report_plots.Plot]) -> list[Section]:
+    out = []
+    div_cells = divergence.table_cells(rows)
+    if div_cells:
+        out.append(Section(divergence.SECTION_TITLE, [divergence.SECTION_NOTE],
+                           [Table(list(divergence.TABLE_HEADERS), div_cells, css="wide")]))
+    policy_cells = report_policy.table_cells(rows)
+    if policy_cells:
+        out.append(Section(report_policy.TITLE, [report_policy.NOTE],
+                           [Table(report_policy.HEADERS, policy_cells, css="wide")], collapsed=True))
+    figures = [(p.path, p.caption) for p in plots if p.path]
+    if figures:
+        out.append(Section("Plots", figures=figures))
+    out += [Section(p.caption, tables=[Table(*p.table)], collapsed=True) for p in plots if p.table]
+    return out
+
+
+def page_sections(rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions) -> list[Section]:
+    return [*summary_sections(rows, opts), *table_sections(rows, opts), *detail_sections(rows, plots)]
+
+
+TITLE = "lvspec-eval leaderboard"
 
 
 def json_safe(x):
@@ -582,9 +657,17 @@ def summary_dict(rows: list[dict], plots: list[report_plots.Plot], opts: ReportO
     plot_entries = [
         {"name": p.name, "path": p.path.name if p.path else None, "caption": p.caption, **p.extra} for p in plots
     ]
+    picks = report_overview.recommend(rows, opts.baseline, opts.lossless_tasks)
+    headline = {
+        "recommended": [{"task": p["task"], "method": p["row"]["method"], "e2e_speedup": p["row"]["e2e_speedup"],
+                         "decode_speedup": p["row"]["decode_speedup"], "retention": p["row"]["retention"],
+                         "retention_ci": p["row"]["retention_ci"], "reason": p["reason"]} for p in picks],
+        "overall": report_overview.overall(rows),
+    }
     return json_safe(
         {
             "version": 1,
+            "headline": headline,
             "baseline": opts.baseline,
             "alpha": opts.alpha,
             "n_boot": opts.n_boot,
@@ -596,13 +679,10 @@ def summary_dict(rows: list[dict], plots: list[report_plots.Plot], opts: ReportO
 
 
 def write_outputs(summary: dict, plots: list[report_plots.Plot], opts: ReportOptions, out_dir: Path) -> None:
-    rows = summary["rows"]
-    (out_dir / "leaderboard.md").write_text(markdown_page(rows, plots, opts), encoding="utf-8")
-    headers, cells = table_cells(rows)
-    figures = [(p.path, p.caption) for p in plots if p.path]
-    notes = [method_note(opts), divergence.markdown_section(rows)] + [p.markdown for p in plots]
-    page = report_html.render_page("lvspec-eval leaderboard", headers, cells, figures, notes)
-    (out_dir / "leaderboard.html").write_text(page, encoding="utf-8")
+    sections = page_sections(summary["rows"], plots, opts)
+    intro = f"Baseline: {opts.baseline}. Built from saved runs by `lvspec-eval report`."
+    (out_dir / "leaderboard.md").write_text(report_html.render_markdown(TITLE, intro, sections), encoding="utf-8")
+    (out_dir / "leaderboard.html").write_text(report_html.render_html(TITLE, intro, sections), encoding="utf-8")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
 
@@ -661,6 +741,7 @@ def _run(args: argparse.Namespace) -> int:
         echo=True,
         plots=not args.no_plots,
         length_tasks=tuple(t for t in (args.length_tasks or "").split(",") if t),
+        lossless_tasks=tuple(t for t in (args.lossless_tasks or "").split(",") if t),
     )
     print(f"wrote {args.output / 'leaderboard.md'}, leaderboard.html, summary.json")
     return 0
@@ -697,4 +778,6 @@ def register(subparsers) -> None:
         metavar="T1,T2,...",
         help="tasks that vary only video length: listed last, in this order, and left out of the retention panels",
     )
+    p.add_argument("--lossless-tasks", default="", metavar="T1,T2,...",
+                   help="tasks whose recommended method (the report's summary) must reproduce the baseline exactly")
     p.set_defaults(func=_run)
