@@ -99,6 +99,17 @@ def test_min_speedup_applies_to_non_baseline_rows_only(tmp_path, capsys):
     ]
 
 
+def test_min_e2e_speedup_fails_rows_slower_end_to_end(tmp_path, capsys):
+    rows = make_summary(make_row("vanilla"), make_row("sd_tree", e2e_speedup=0.78), make_row("sparrow", e2e_speedup=1.2),
+                        make_row("fly", e2e_speedup=None))
+    assert run_check(tmp_path, rows, "--min-e2e-speedup", "0.97", "--min-speedup", "1.5") == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "FAIL sd_tree on videomme: e2e_speedup 0.78 < 0.97",
+        "FAIL fly on videomme: e2e_speedup unknown < 0.97",
+    ]
+    assert run_check(tmp_path, GOOD, "--min-e2e-speedup", "1.5") == 0
+
+
 def test_regression_against_baseline_summary(tmp_path, capsys):
     old = copy.deepcopy(GOOD)
     new = copy.deepcopy(GOOD)
