@@ -19,6 +19,11 @@ from collections.abc import Iterable, Mapping
 MAX_TASK_COLUMNS = 4  # more tasks than this: one column per task group
 LONG_VIDEO_TOKENS = 1024  # a task whose samples average at least this many visual tokens is a long-video task
 SHORT_ANSWER_TOKENS = 8  # a task whose baseline answers average at most this many tokens is multiple choice
+# The leaderboard must fit a 1280 px window: at most this many columns, no cell line longer than
+# CELL_CHARS characters (the method column: METHOD_CHARS); tests/test_report_page.py holds it to it.
+COLUMN_BUDGET = 8
+CELL_CHARS = 16
+METHOD_CHARS = 24
 GROUPS = ("short videos", "long videos", "multiple choice")
 PHASES = ("preprocess", "target prefill", "draft preparation", "pruning", "decode", "other")
 
