@@ -556,11 +556,11 @@ def summary_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
     """Which method to use per task, then the failures and divergences (if any)."""
     picks = report_overview.recommend(rows, opts.baseline, opts.lossless_tasks)
     issues = report_overview.problems(rows, opts.baseline)
-    intro = (f"Per task, the fastest method end to end among those whose retention interval clears the "
-             f"{opts.margin:.0%} non-inferiority margin (the baseline, {opts.baseline}, always qualifies)"
-             + (f"; lossless required on {', '.join(opts.lossless_tasks)}" if opts.lossless_tasks else "") + ".")
+    note = (f"Per task, the fastest method end to end among those whose retention interval clears the "
+            f"{opts.margin:.0%} non-inferiority margin; the baseline ({opts.baseline}, 1.00x) always qualifies"
+            + (f"; lossless required on {', '.join(opts.lossless_tasks)}" if opts.lossless_tasks else "") + ".")
     table = Table(report_overview.RECOMMEND_HEADERS, report_overview.recommend_cells(picks), element_id="recommended")
-    out = [Section("Summary: which method to use", [intro], [table], element_id="summary")]
+    out = [Section("Summary: which method to use", tables=[table], notes=[note], element_id="summary")]
     if issues:
         out.append(Section("Failures and divergences", bullets=issues, element_id="problems"))
     return out
@@ -571,10 +571,12 @@ def table_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
     headers, cells = report_overview.leaderboard(rows, opts.baseline)
     main = [r for r in rows if r["task"] not in opts.length_tasks]
     lengths = [r for r in rows if r["task"] in opts.length_tasks]
-    out = [Section("Leaderboard (end to end)", [LEADERBOARD_NOTE],
-                   [Table(headers, cells, css="leaderboard", element_id="leaderboard")], element_id="board"),
-           Section("Where the time goes", [BREAKDOWN_NOTE],
-                   [Table(report_overview.BREAKDOWN_HEADERS, report_overview.breakdown_cells(rows, opts.baseline))]),
+    out = [Section("Leaderboard: end-to-end speedup and retention", tables=[Table(headers, cells, css="leaderboard",
+                                                                                element_id="leaderboard")],
+                   notes=[LEADERBOARD_NOTE], element_id="board"),
+           Section("Where the time goes", tables=[Table(report_overview.BREAKDOWN_HEADERS,
+                                                        report_overview.breakdown_cells(rows, opts.baseline))],
+                   notes=[BREAKDOWN_NOTE]),
            Section("All figures, per task and method", [method_note(opts)],
                    [Table(*table_cells(main), css="wide", element_id="full-table")], collapsed=True)]
     if lengths:
@@ -588,8 +590,9 @@ def detail_sections(rows: list[dict], plots: list[report_plots.Plot]) -> list[Se
     out = []
     div_cells = divergence.table_cells(rows)
     if div_cells:
-        out.append(Section(divergence.SECTION_TITLE, [divergence.SECTION_NOTE],
-                           [Table(list(divergence.TABLE_HEADERS), div_cells, css="wide")]))
+        diverged = any((r.get("divergence") or {}).get("diverged") for r in rows)
+        out.append(Section(divergence.SECTION_TITLE + ("" if diverged else ": none"), [divergence.SECTION_NOTE],
+                           [Table(list(divergence.TABLE_HEADERS), div_cells, css="wide")], collapsed=not diverged))
     policy_cells = report_policy.table_cells(rows)
     if policy_cells:
         out.append(Section(report_policy.TITLE, [report_policy.NOTE],
@@ -680,7 +683,7 @@ def summary_dict(rows: list[dict], plots: list[report_plots.Plot], opts: ReportO
 
 def write_outputs(summary: dict, plots: list[report_plots.Plot], opts: ReportOptions, out_dir: Path) -> None:
     sections = page_sections(summary["rows"], plots, opts)
-    intro = f"Baseline: {opts.baseline}. Built from saved runs by `lvspec-eval report`."
+    intro = f"Baseline: {opts.baseline}. Built from saved runs by lvspec-eval report."
     (out_dir / "leaderboard.md").write_text(report_html.render_markdown(TITLE, intro, sections), encoding="utf-8")
     (out_dir / "leaderboard.html").write_text(report_html.render_html(TITLE, intro, sections), encoding="utf-8")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")

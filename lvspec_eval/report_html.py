@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,8 +15,8 @@ STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; max-width: 1200px; }
 table { border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0 1.2em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; vertical-align: top; }
-th { background: #f3f3f3; }
-td:first-child, th:first-child { text-align: left; }
+th { background: #f3f3f3; text-align: center; }
+td:first-child, th:first-child, td.text { text-align: left; }
 table.leaderboard td { white-space: nowrap; }
 table.wide { font-size: 0.8em; }
 .scroll { overflow-x: auto; }
@@ -43,6 +44,7 @@ class Section:
     tables: list[Table] = field(default_factory=list)
     figures: list[tuple[Path, str]] = field(default_factory=list)  # (PNG, caption)
     bullets: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # small print, after the tables
     collapsed: bool = False
     element_id: str = ""
 
@@ -54,9 +56,17 @@ def _esc(text: str) -> str:
     return html.escape(str(text)).replace("\n", "<br>")
 
 
+NUMBER = re.compile(r"^[-+]?[\d.]+(x|%|e[-+]?\d+)?(\s|$)")
+
+
+def _td(cell: str) -> str:
+    """Numbers align right (the stylesheet's default), words left."""
+    return f"<td>{_esc(cell)}</td>" if cell == "-" or NUMBER.match(str(cell)) else f'<td class="text">{_esc(cell)}</td>'
+
+
 def table_html(table: Table) -> str:
     head = "".join(f"<th>{_esc(h)}</th>" for h in table.headers)
-    body = "\n".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in row) + "</tr>" for row in table.cells)
+    body = "\n".join("<tr>" + "".join(_td(c) for c in row) + "</tr>" for row in table.cells)
     attrs = (f' class="{table.css}"' if table.css else "") + (f' id="{table.element_id}"' if table.element_id else "")
     out = f"<table{attrs}>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
     return f'<div class="scroll">{out}</div>' if table.css == "wide" else out
@@ -75,6 +85,7 @@ def section_html(s: Section) -> str:
         body.append("<ul>" + "".join(f"<li>{_esc(b)}</li>" for b in s.bullets) + "</ul>")
     if s.figures:
         body.append('<div class="figures">' + "".join(figure_html(p, c) for p, c in s.figures) + "</div>")
+    body += [f'<p class="note">{_esc(n)}</p>' for n in s.notes]
     ident = f' id="{s.element_id}"' if s.element_id else ""
     if s.collapsed:
         return f"<details{ident}><summary>{_esc(s.title)}</summary>\n" + "\n".join(body) + "\n</details>"
@@ -109,6 +120,7 @@ def section_markdown(s: Section) -> str:
     body = [*s.paragraphs, *(table_markdown(t) for t in s.tables)]
     body += ["\n".join(f"- {b}" for b in s.bullets)] if s.bullets else []
     body += [f"![{c}]({p.name})  \n*{c}*" for p, c in s.figures]
+    body += s.notes
     if s.collapsed:  # GitHub renders markdown inside <details> when blank lines surround it
         return "\n\n".join([f"<details><summary>{html.escape(s.title)}</summary>", *body, "</details>"])
     return "\n\n".join([f"## {s.title}", *body])

@@ -123,8 +123,7 @@ def recommend(rows: list[dict], baseline: str, lossless_tasks: Iterable[str] = (
         if best is None:
             continue
         faster = best["method"] != baseline
-        reason = ("fastest end to end among the methods shown non-inferior" if faster
-                  else "no method shown non-inferior is faster end to end than the baseline")
+        reason = "fastest non-inferior" if faster else "no non-inferior method is faster"
         if task in set(lossless_tasks):
             reason += " and lossless"
         out.append({"task": task, "row": best, "reason": reason})
