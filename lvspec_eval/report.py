@@ -36,11 +36,19 @@ How figures are computed (per task and method, against the baseline):
   right ("facts_right": the synthvid captions), the facts vanilla's answer had right that the
   method's lost, summed over the paired docs, and their share of vanilla's right facts.
 
+The pages (leaderboard.html, standalone; leaderboard.md, the same sections for GitHub) open with the
+summary (per task the recommended method: report_overview.recommend), then failures and
+divergences, the compact end-to-end leaderboard, the time per phase, and the full tables collapsed.
+
 summary.json (read by `lvspec-eval check`; NaN is written as null):
-{"version": 1, "baseline": "vanilla", "alpha": 0.05, "n_boot": 2000,
+{"version": 1,
+ "headline": {"recommended": [{"task", "method", "e2e_speedup", "decode_speedup", "retention",
+   "retention_ci", "reason"}], "overall": {method: {"e2e_speedup", "decode_speedup", "tasks"}}
+   (geometric means over the method's tasks)},
+ "baseline": "vanilla", "alpha": 0.05, "n_boot": 2000,
  "rows": [{"task", "method", "lossless": bool (verifier exact: vanilla, sd_tree, specvlm,
    sparrow, "custom:<drafter>+exact", or any method run with verifier=exact), "n" (paired samples), "n_timed", "failed", "tau",
-   "tokens_per_step", "decode_speedup", "e2e_speedup", "timing", "decode_tokens_per_s", "quality",
+   "tokens_per_step", "e2e_speedup", "decode_speedup", "timing", "decode_tokens_per_s", "quality",
    "vanilla_quality", "metric", "retention", "retention_ci": [lo, hi], "non_inferior",
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
    "exact_match_rate", "exact_match_basis", "facts_lost", "fact_error_rate" (null where the task
@@ -49,7 +57,10 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
    "divergence" (exact methods other than the baseline, else absent): {"compared", "diverged",
    "near_tie", "elsewhere", "unclassified", "dtype", "tolerance", "basis", "first_divergences"}
    (see lvspec_eval/divergence.py: where the method first leaves the baseline's tokens, a near-tie
-   of the target's logits there is numerics, anything else a bug)}],
+   of the target's logits there is numerics, anything else a bug)},
+   "visual_tokens", "mean_new_tokens" (means over the timed samples), "time_breakdown": mean seconds
+   per sample in each phase (report_overview.PHASES, from the stats' preprocess_s, prefill_s,
+   draft_prepare_s, else draft_prefill_s + draft_vision_s, prune_s, decode_s, e2e_s) and "e2e"],
  "plots": [{"name", "path" (a PNG relative to DIR; null for a table-only entry), "caption", plus
    the hook's extra figures, e.g. "top_loose_tokens": [[text, count], ...]}], "warnings": [str]}
 Rows are ordered by task, then vanilla, sd_tree, specvlm, sparrow, fly, lvspec, others by name.

@@ -120,3 +120,45 @@ def test_the_checker_catches_what_it_should(demo_page):
     wide_head = "<th>method</th>" + "".join(f"<th>t{i}</th>" for i in range(report_overview.COLUMN_BUDGET))
     wide = demo_page.replace("<th>method</th>", wide_head, 1)
     assert any("columns >" in line for line in page_problems(wide))
+
+
+def _row(method, task="cap", e2e=1.0, **extra):
+    row = {"task": task, "method": method, "e2e_speedup": e2e, "decode_speedup": e2e, "retention": 1.0,
+           "retention_ci": [0.995, 1.0], "non_inferior": True, "failed": 0, "lossless": method != "fly",
+           "exact_match_rate": 1.0 if method != "fly" else 0.9, "tau": 2.0, "margin": 0.01}
+    return {**row, **extra}
+
+
+def test_recommend_picks_the_fastest_qualifying_method():
+    rows = [_row("vanilla"), _row("sd_tree", e2e=1.3), _row("fly", e2e=1.8),
+            _row("lvspec", e2e=2.5, non_inferior=False), _row("sparrow", e2e=3.0, failed=1)]
+    (pick,) = report_overview.recommend(rows, "vanilla")
+    assert pick["row"]["method"] == "fly"
+    (pick,) = report_overview.recommend(rows, "vanilla", lossless_tasks=["cap"])
+    assert pick["row"]["method"] == "sd_tree"  # fly changes outputs
+    slow = [_row("vanilla"), _row("sd_tree", e2e=0.8)]
+    assert report_overview.recommend(slow, "vanilla")[0]["row"]["method"] == "vanilla"
+    assert any("1 failed" in line for line in report_overview.problems(rows, "vanilla"))
+
+
+def test_phases_read_new_and_old_stats_records():
+    old = {"preprocess_s": 0.1, "prefill_s": 0.2, "draft_prefill_s": 0.3, "prune_s": 0.05, "decode_s": 0.4,
+           "e2e_s": 1.05}
+    assert report_overview.phase_seconds(old)["draft preparation"] == pytest.approx(0.3)
+    assert report_overview.phase_seconds(old)["other"] == pytest.approx(0.0)
+    new = {**old, "draft_prepare_s": 0.45, "draft_vision_s": 0.1, "e2e_s": 1.3}
+    phases = report_overview.phase_seconds(new)
+    assert phases["draft preparation"] == pytest.approx(0.4) and phases["pruning"] == pytest.approx(0.05)
+    assert phases["other"] == pytest.approx(0.15) and phases["e2e"] == pytest.approx(1.3)
+
+
+def test_many_tasks_become_task_groups():
+    rows = [_row(m, task=t, visual_tokens=v, mean_new_tokens=n) for t, v, n in
+            (("a", 64, 40), ("b", 4096, 40), ("c", 64, 1), ("d", 64, 40), ("e", 2048, 40))
+            for m in ("vanilla", "sd_tree")]
+    assert report_overview.columns(rows, "vanilla") == {"short videos": ["a", "d"], "long videos": ["b", "e"],
+                                                        "multiple choice": ["c"]}
+    headers, cells = report_overview.leaderboard(rows, "vanilla")
+    assert headers == ["method", "short videos", "long videos", "multiple choice", "tau", "e2e overall",
+                       "decode overall"]
+    assert cells[1][1] == "1.00x\nret 1.000"
