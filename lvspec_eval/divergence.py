@@ -47,6 +47,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 
+from lvspec_eval.report_runs import is_lossless
+
 TOLERANCE_ULPS = 4
 LOGIT_SCALE = 16.0
 TOLERANCE_FLOOR = 1e-3
@@ -186,7 +188,6 @@ def pair_key(rec: Mapping, position: int | None = None) -> tuple[str, str]:
 
 
 def _is_exact(method: str) -> bool:
-    from lvspec_eval.report import is_lossless  # report imports this module
 
     return is_lossless(method)
 

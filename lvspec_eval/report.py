@@ -86,13 +86,31 @@ from pathlib import Path
 
 from judges import stats
 from lvspec_eval import baseline_run as baseline_runs
-from lvspec_eval import divergence, report_html, report_overview, report_plots, report_policy
-from lvspec_eval.report_html import Section, Table
+from lvspec_eval import (
+    divergence,
+    report_html,
+    report_overview,
+    report_plots,
+    report_policy,
+)
 from lvspec_eval.divergence import divergence_summary  # noqa: F401  (for `check` and callers holding records)
+from lvspec_eval.report_html import Section, Table
+from lvspec_eval.report_runs import (  # noqa: F401  (the report's public names: callers and tests use them)
+    LOSSLESS_METHODS,
+    TaskRun,
+    discover,
+    is_lossless,
+    load_results_file,
+    metric_names,
+    parse_model_args,
+    read_jsonl,
+    run_method,
+)
 
 log = logging.getLogger(__name__)
+# build_report collects the warnings of every module of the package (loading, plots...) into summary.json
+PACKAGE_LOG = logging.getLogger(__name__.rpartition(".")[0])
 
-LOSSLESS_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow")
 METHOD_ORDER = ("vanilla", "sd_tree", "specvlm", "sparrow", "fly", "lvspec")
 REPORTED_MARGINS = (0.01, 0.02)
 # keys lmms-eval writes into every logged sample besides the metrics
@@ -111,138 +129,6 @@ class ReportOptions:
     plots: bool = True  # draw the PNGs (off: faster, for CI gates that read only summary.json)
     length_tasks: tuple[str, ...] = ()  # rows after the other tasks', in this order (see the docstring)
     lossless_tasks: tuple[str, ...] = ()  # tasks whose recommended method must be lossless (exact output)
-
-
-@dataclass(frozen=True)
-class TaskRun:
-    """One method on one task: a results file, its samples file and the matching decode stats."""
-
-    method: str
-    task: str
-    metrics: tuple[str, ...]  # metric names in the results JSON's order
-    samples: dict[str, dict]  # doc_id -> logged sample
-    stats: dict[str, dict]  # doc_id -> decode-stats record
-    source: Path  # the results file
-    lossless: bool
-
-
-# ---------------------------------------------------------------------------------------- loading
-
-
-def parse_model_args(value: str | Mapping | None) -> dict[str, str]:
-    """lmms-eval keeps model_args as the CLI string "k=v,k=v" (or a dict when called from code)."""
-    if isinstance(value, Mapping):
-        return {str(k): str(v) for k, v in value.items()}
-    pairs = [item.split("=", 1) for item in (value or "").split(",") if item.strip()]
-    return {k.strip(): v.strip() for k, v in (p if len(p) == 2 else (p[0], "") for p in pairs)}
-
-
-def run_method(model_args: Mapping[str, str], where: str) -> str:
-    """The row name, as the lvspec model labels its stats records: `method` (default vanilla, as
-    in the model), or "custom:<drafter>+<verifier>" for method=custom."""
-    method = model_args.get("method") or "vanilla"
-    if method != "custom":
-        return method
-    drafter, verifier = model_args.get("drafter"), model_args.get("verifier")
-    if not drafter or not verifier:
-        raise ValueError(f"{where}: method=custom without drafter=<name> and verifier=<name> in model_args")
-    return f"custom:{drafter}+{verifier}"
-
-
-def is_lossless(method: str, verifier: str | None = None) -> bool:
-    """Exact verification is lossless. `verifier` is model_args' verifier= (it may swap the
-    verifier of a named method); without it the method name decides."""
-    if verifier:
-        return verifier == "exact"
-    if method.startswith("custom:"):
-        return method.rsplit("+", 1)[-1] == "exact"
-    return method in LOSSLESS_METHODS
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    out = []
-    for k, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{k}: not JSON ({err.msg}); expected one JSON object per line") from err
-    return out
-
-
-def metric_names(task_results: Mapping) -> tuple[str, ...]:
-    """ "acc,none" -> "acc"; stderr entries and the alias are not metrics."""
-    names = [k.split(",", 1)[0] for k in task_results if k != "alias" and "_stderr" not in k and "," in k]
-    return tuple(dict.fromkeys(names))
-
-
-def stats_files(model_args: Mapping[str, str], results_path: Path, run_dir: Path) -> list[Path]:
-    """The run's stats_path (as written, else relative to RUN or to the results file) and every
-    stats*.jsonl under RUN, each once."""
-    found = sorted(run_dir.rglob("stats*.jsonl"))
-    given = model_args.get("stats_path")
-    if given:
-        candidates = [c for c in (Path(given), run_dir / given, results_path.parent / given) if c.is_file()]
-        if not candidates:
-            log.warning("%s: stats_path %s not found (also looked under %s)", results_path, given, run_dir)
-        found += candidates[:1]
-    unique = {p.resolve(): p for p in found}
-    return list(unique.values())
-
-
-def load_stats(paths: list[Path], method: str) -> dict[str, dict[str, dict]]:
-    """task -> doc_id -> record, for this method's records only (a later line wins)."""
-    out: dict[str, dict[str, dict]] = {}
-    for path in paths:
-        for rec in read_jsonl(path):
-            if rec.get("method", method) == method:
-                out.setdefault(str(rec.get("task")), {})[str(rec.get("doc_id"))] = rec
-    return out
-
-
-def load_results_file(path: Path, run_dir: Path) -> list[TaskRun]:
-    data = json.loads(path.read_text(encoding="utf-8"))
-    config = data.get("config") or {}
-    model_args = parse_model_args(config.get("model_args", data.get("model_args")))
-    method = run_method(model_args, str(path))
-    lossless = is_lossless(method, model_args.get("verifier"))
-    decode_stats = load_stats(stats_files(model_args, path, run_dir), method)
-    date_id = path.name[: -len("_results.json")]
-    runs = []
-    for task, task_results in (data.get("results") or {}).items():
-        samples_path = path.parent / f"{date_id}_samples_{task}.jsonl"
-        if not samples_path.is_file():
-            if not (data.get("group_subtasks") or {}).get(task):  # groups have no samples of their own
-                log.warning("%s: no samples file for task %s (run lmms-eval with --log_samples)", path, task)
-            continue
-        samples = {str(s["doc_id"]): s for s in read_jsonl(samples_path)}
-        metrics = metric_names(task_results)
-        runs.append(TaskRun(method, task, metrics, samples, decode_stats.get(task, {}), path, lossless))
-    return runs
-
-
-def discover(run_dirs: list[Path]) -> dict[tuple[str, str], TaskRun]:
-    """(task, method) -> its run; the latest results file (by name, which starts with the date)
-    wins when a method ran a task twice."""
-    runs: dict[tuple[str, str], TaskRun] = {}
-    for run_dir in map(Path, run_dirs):
-        results = sorted(run_dir.rglob("*_results.json"), key=lambda p: p.name)
-        if not results:
-            raise ValueError(f"no *_results.json under {run_dir}; give folders written by lmms-eval --output_path")
-        for path in results:
-            for run in load_results_file(path, run_dir):
-                key = (run.task, run.method)
-                if key in runs:
-                    log.warning(
-                        "method %s ran task %s twice: using the later of %s and %s",
-                        run.method,
-                        run.task,
-                        path,
-                        runs[key].source,
-                    )
-                if key not in runs or path.name >= runs[key].source.name:
-                    runs[key] = run
-    return runs
 
 
 # ------------------------------------------------------------------------------------- statistics
@@ -708,7 +594,7 @@ def build_report(run_dirs: list[Path], out_dir: Path, baseline_run: Path | None 
     opts = make_options(options)
     out_dir = Path(out_dir)
     collector = _WarningCollector()
-    log.addHandler(collector)
+    PACKAGE_LOG.addHandler(collector)
     try:
         runs = discover([Path(d) for d in run_dirs])
         if baseline_run is not None:
@@ -718,7 +604,7 @@ def build_report(run_dirs: list[Path], out_dir: Path, baseline_run: Path | None 
         out_dir.mkdir(parents=True, exist_ok=True)
         plots = report_plots.draw_all(plot_input(rows, runs, opts, out_dir)) if opts.plots else []
     finally:
-        log.removeHandler(collector)
+        PACKAGE_LOG.removeHandler(collector)
     summary = summary_dict(rows, plots, opts, collector.messages)
     write_outputs(summary, plots, opts, out_dir)
     if opts.echo:  # the collector kept the warnings from logging's stderr fallback: show them here
