@@ -608,7 +608,8 @@ def build_report(run_dirs: list[Path], out_dir: Path, baseline_run: Path | None 
     summary = summary_dict(rows, plots, opts, collector.messages)
     write_outputs(summary, plots, opts, out_dir)
     if opts.echo:  # the collector kept the warnings from logging's stderr fallback: show them here
-        print(markdown_table(summary["rows"]))
+        opening = [*summary_sections(summary["rows"], opts), table_sections(summary["rows"], opts)[0]]
+        print("\n\n".join(report_html.section_markdown(section) for section in opening))
         for message in summary["warnings"]:
             print(f"warning: {message}", file=sys.stderr)
     return summary

@@ -278,7 +278,7 @@ def test_unknown_option_and_bad_metric_are_errors(runs, tmp_path):
         report.build_report(runs, tmp_path / "o6", metrics={MC: "bleu"})
 
 
-def test_cli_prints_the_table(runs, tmp_path, capsys):
+def test_cli_prints_the_summary_and_leaderboard(runs, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     report.register(parser.add_subparsers())
     args = parser.parse_args(
@@ -296,7 +296,8 @@ def test_cli_prints_the_table(runs, tmp_path, capsys):
     )
     assert args.func(args) == 0
     out = capsys.readouterr().out
-    assert out.startswith("| task | method | lossless |") and "| demo_cap | sd_tree | yes | 4 | 0 |" in out
+    assert out.startswith("## Summary: which method to use\n\n| task | use | e2e speedup |")
+    assert "| method | demo_cap | demo_mc | tau | e2e overall | decode overall |" in out
     assert (tmp_path / "cli" / "leaderboard.html").is_file()
 
 
