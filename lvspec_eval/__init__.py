@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 import warnings
@@ -57,12 +58,15 @@ class _Alias(importlib.abc.Loader):
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder):
-    """Last on sys.meta_path: consulted only for names no file provides any more."""
+    """First on sys.meta_path (an editable install's finder may point at another checkout that still
+    has the old file), so it answers for a MOVED name only when this package has no such file."""
 
     def find_spec(self, fullname, path=None, target=None):
         new = MOVED.get(fullname)
-        return importlib.util.spec_from_loader(fullname, _Alias(new)) if new else None
+        if new is None or importlib.machinery.PathFinder.find_spec(fullname, __path__) is not None:
+            return None
+        return importlib.util.spec_from_loader(fullname, _Alias(new))
 
 
 if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
-    sys.meta_path.append(_MovedFinder())
+    sys.meta_path.insert(0, _MovedFinder())
