@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lvspec_eval import check
+from lvspec_eval.reporting import check
 
 
 def make_row(method: str, task: str = "videomme", **figures) -> dict:
@@ -190,7 +190,7 @@ def _div_row(match, **div):
 
 
 def test_check_passes_near_ties_and_fails_divergences_elsewhere():
-    from lvspec_eval.check import Gate, row_failures
+    from lvspec_eval.reporting.check import Gate, row_failures
     near = _div_row(0.9, compared=10, diverged=1, near_tie=1, elsewhere=0, unclassified=0)
     assert row_failures(near, "vanilla", Gate()) == []  # bf16 numerics: not a failure
     bug = _div_row(0.9, compared=10, diverged=2, near_tie=1, elsewhere=1, unclassified=0)

@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from lvspec_eval.bench import make_samples
+from lvspec_eval.measure.bench import make_samples
 from lvspec_eval.decoding import loop
-from lvspec_eval.runner import Runner
+from lvspec_eval.decoding.runner import Runner
 
 SYNCING = {"item", "tolist", "__int__", "__float__", "__bool__", "__index__", "tensor"}
 PROJECT = str(Path(loop.__file__).resolve().parents[1])  # .../lvspec_eval

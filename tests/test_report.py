@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from scipy import stats as sps
 
-from lvspec_eval import report, report_plots
+from lvspec_eval.reporting import plots as report_plots
+from lvspec_eval.reporting import report
 
 DATE = "20250101_120000"
 MC = "demo_mc"  # 0/1 accuracy: McNemar
@@ -58,7 +59,7 @@ def stats_record(method: str, task: str, doc: int) -> dict:
         "kept_visual_tokens": 10 * (doc + 1),
         "peak_memory_mb": 10.0,
         "tokens": [] if failed else ([9, 9, doc] if changed else [1, 2, doc]),
-        # per committed token, as lvspec_eval/runner.py writes them (parallel lists)
+        # per committed token, as lvspec_eval/decoding/runner.py writes them (parallel lists)
         "kinds": ["loose", "exact", "target"] if method == "lvspec" else ["exact", "exact", "target"],
         "relevance": [0.1, 0.8, 0.7] if method == "lvspec" else [None, None, None],  # 0.7: the rejected token's
         "token_texts": [" a", " red", "."],
@@ -391,7 +392,7 @@ def test_length_tasks_come_last_in_their_order(runs, tmp_path):
 
 
 def test_summary_feeds_the_check_gate(summary):
-    from lvspec_eval import check
+    from lvspec_eval.reporting import check
 
     failures, _ = check.check_summary(summary, check.Gate(min_retention=0.9))
     assert all(line.startswith("FAIL lvspec on demo_") for line in failures)
@@ -466,8 +467,8 @@ def test_overruled_tokens_pair_the_draft_token_with_the_targets():
 def test_divergence_of_exact_methods_is_reported(runs, tmp_path):
     """sd_tree in bf16 leaves vanilla's tokens on two captions: doc 1 at a near-tie (margins 0.1 and
     0.2: within 2 x 0.5), doc 2 where both margins are 3 logits (a bug); the report counts both and
-    `check` can fail on the second (lvspec_eval/divergence.py)."""
-    from lvspec_eval import divergence
+    `check` can fail on the second (lvspec_eval/reporting/divergence.py)."""
+    from lvspec_eval.reporting import divergence
 
     def with_margins(path, method, changes):
         recs = [json.loads(line) for line in path.read_text().splitlines()]

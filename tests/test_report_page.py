@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lvspec_eval import report, report_overview
+from lvspec_eval.reporting import overview as report_overview
+from lvspec_eval.reporting import report
 from lvspec_eval.demo import run as demo_run
 
 ROOT = Path(__file__).resolve().parent.parent

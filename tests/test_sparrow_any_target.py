@@ -23,7 +23,7 @@ from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.decoding.drafters import sparrow_train
 from lvspec_eval.decoding.drafters.sparrow import HEAD_WEIGHTS, SparrowHead
 from lvspec_eval.models.video import load_video
-from lvspec_eval.runner import Runner
+from lvspec_eval.decoding.runner import Runner
 
 # (name, frames, fps, height, width): lengths 2.5 s, 3 s and 1.2 s.
 VIDEOS = (("street/a.mp4", 10, 4.0, 48, 64), ("b.mp4", 6, 2.0, 56, 80), ("c.MOV", 7, 6.0, 48, 48))

@@ -13,7 +13,7 @@ Inputs (found recursively under each RUN folder):
   "doc_id", "method", "error", "num_new_tokens", "num_steps", "accepted_lengths", "tau",
   "decode_s", "e2e_s", "visual_tokens", "tokens", and for the relevance plot either
   "token_records" [{"token", "text", "kind", "relevance"}] or the parallel lists "kinds",
-  "relevance", "token_texts" (what lvspec_eval/runner.py writes). A model_args without method=
+  "relevance", "token_texts" (what lvspec_eval/decoding/runner.py writes). A model_args without method=
   is vanilla (the model's default); method=custom,drafter=D,verifier=V is "custom:D+V".
 
 How figures are computed (per task and method, against the baseline):
@@ -56,7 +56,7 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
    "wilcoxon" or null for the baseline), "zero_method",
    "divergence" (exact methods other than the baseline, else absent): {"compared", "diverged",
    "near_tie", "elsewhere", "unclassified", "dtype", "tolerance", "basis", "first_divergences"}
-   (see lvspec_eval/divergence.py: where the method first leaves the baseline's tokens, a near-tie
+   (see lvspec_eval/reporting/divergence.py: where the method first leaves the baseline's tokens, a near-tie
    of the target's logits there is numerics, anything else a bug)},
    "visual_tokens", "mean_new_tokens" (means over the timed samples), "time_breakdown": mean seconds
    per sample in each phase (report_overview.PHASES, from the stats' preprocess_s, prefill_s,
@@ -85,17 +85,15 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from judges import stats
-from lvspec_eval import baseline_run as baseline_runs
-from lvspec_eval import (
-    divergence,
-    report_html,
-    report_overview,
-    report_plots,
-    report_policy,
-)
-from lvspec_eval.divergence import divergence_summary  # noqa: F401  (for `check` and callers holding records)
-from lvspec_eval.report_html import Section, Table
-from lvspec_eval.report_runs import (  # noqa: F401  (the report's public names: callers and tests use them)
+from lvspec_eval.reporting import baseline_run as baseline_runs
+from lvspec_eval.reporting import divergence
+from lvspec_eval.reporting import overview as report_overview
+from lvspec_eval.reporting import page as report_html
+from lvspec_eval.reporting import plots as report_plots
+from lvspec_eval.reporting import policy as report_policy
+from lvspec_eval.reporting.divergence import divergence_summary  # noqa: F401  (for `check` and callers holding records)
+from lvspec_eval.reporting.page import Section, Table
+from lvspec_eval.reporting.runs import (  # noqa: F401  (the report's public names: callers and tests use them)
     LOSSLESS_METHODS,
     TaskRun,
     discover,
@@ -590,7 +588,7 @@ def build_report(run_dirs: list[Path], out_dir: Path, baseline_run: Path | None 
     """Read the runs, write leaderboard.md/.html, summary.json and the plots to out_dir, and
     return the summary. Options: see ReportOptions. Warnings (missing stats, duplicate runs...)
     are logged and kept in summary["warnings"]. baseline_run: a run of lmms-eval's own model class,
-    the quality baseline (lvspec_eval/baseline_run.py)."""
+    the quality baseline (lvspec_eval/reporting/baseline_run.py)."""
     opts = make_options(options)
     out_dir = Path(out_dir)
     collector = _WarningCollector()

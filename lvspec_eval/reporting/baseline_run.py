@@ -18,7 +18,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from lvspec_eval.report_runs import load_results_file
+from lvspec_eval.reporting.runs import load_results_file
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 
-from lvspec_eval.report_runs import is_lossless
+from lvspec_eval.reporting.runs import is_lossless
 
 TOLERANCE_ULPS = 4
 LOGIT_SCALE = 16.0
