@@ -13,11 +13,11 @@ import sys
 COMMAND_MODULES = (
     "lvspec_eval.demo.build",  # build-demo
     "lvspec_eval.demo.run",  # demo
-    "lvspec_eval.bench",  # bench
-    "lvspec_eval.sweep",  # sweep
-    "lvspec_eval.report",  # report
-    "lvspec_eval.check",  # check
-    "lvspec_eval.dry_run",  # dry-run
+    "lvspec_eval.measure.bench",  # bench
+    "lvspec_eval.measure.sweep",  # sweep
+    "lvspec_eval.reporting.report",  # report
+    "lvspec_eval.reporting.check",  # check
+    "lvspec_eval.measure.dry_run",  # dry-run
     "lvspec_eval.decoding.drafters.sparrow_train",  # train-sparrow
     "judges.cli",  # judge, judge-check
 )

@@ -22,7 +22,7 @@ import time
 import torch
 
 from lvspec_eval.backends.loading import load_backend
-from lvspec_eval.bench import _parse_kv, make_samples
+from lvspec_eval.measure.bench import _parse_kv, make_samples
 from lvspec_eval.decoding import loop, methods
 from lvspec_eval.decoding.types import Draft
 

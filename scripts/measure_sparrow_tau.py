@@ -2,7 +2,7 @@
 usage: measure_tau.py N [model_args-style key=value ...]   e.g. sparrow_head=... sparrow_hsr=off tree=chain"""
 import sys, json, statistics, torch
 torch.set_num_threads(1)
-from lvspec_eval.runner import Runner, VideoInput
+from lvspec_eval.decoding.runner import Runner, VideoInput
 from lvspec_eval.demo import data, models, world
 n = int(sys.argv[1]); opts = dict(a.split("=", 1) for a in sys.argv[2:])
 van = Runner("demo", "vanilla")

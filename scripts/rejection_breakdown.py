@@ -24,7 +24,7 @@ import sys
 from transformers import AutoTokenizer
 
 from lvspec_eval.backends.loading import DEMO_NAMES
-from lvspec_eval.sweep import VISUAL_WORDS as VISUAL  # the sweep's relevance probe uses the same list
+from lvspec_eval.measure.sweep import VISUAL_WORDS as VISUAL  # the sweep's relevance probe uses the same list
 
 
 def breakdown(records: list[dict], depth: int, tok, threshold: float) -> dict:

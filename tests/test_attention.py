@@ -23,7 +23,7 @@ from lvspec_eval.backends import attention
 from lvspec_eval.backends.base import additive_mask
 from lvspec_eval.backends.loading import load_backend, placement
 from lvspec_eval.demo import models, world
-from lvspec_eval.runner import Runner, VideoInput
+from lvspec_eval.decoding.runner import Runner, VideoInput
 
 METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow", "fly", "lvspec")
 MAX_NEW = 32

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_report import CAP, DATE, MC, MC_ACC, make_runs
 
-from lvspec_eval import baseline_run, report
+from lvspec_eval.reporting import baseline_run, report
 from lvspec_eval.cli import main
 
 REFERENCE_MC = [1, 1, 1, 1, 0, 1]  # lmms-eval's own class got doc 2 right, where vanilla did not

@@ -8,9 +8,10 @@ import json
 import pytest
 import torch
 
-from lvspec_eval import bench, bench_prompts
+from lvspec_eval.measure import bench
+from lvspec_eval.measure import prompts as bench_prompts
 from lvspec_eval.backends.loading import load_backend
-from lvspec_eval.runner import Runner
+from lvspec_eval.decoding.runner import Runner
 
 
 def _forward_calls(model) -> list:
@@ -165,7 +166,7 @@ def test_restyled_demo_draft_words_things_differently_and_lvspec_keeps_the_facts
 
 
 def test_paired_timing_decodes_vanilla_beside_each_request_in_alternating_order(monkeypatch):
-    from lvspec_eval import runner as runner_module
+    from lvspec_eval.decoding import runner as runner_module
 
     torch.set_num_threads(1)
     vanilla = Runner("demo", "vanilla", paired_timing=True)

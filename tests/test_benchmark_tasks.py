@@ -336,7 +336,7 @@ def test_every_task_runs_end_to_end_through_lmms_eval(tiny_model, tmp_path):
 def dry_run(capsys, model_args: str, tasks: str, videos: int = 3) -> tuple[int, str]:
     import argparse
 
-    from lvspec_eval import dry_run as dr
+    from lvspec_eval.measure import dry_run as dr
 
     code = dr.run(argparse.Namespace(model_args=model_args, tasks=tasks, include_path=str(TASKS_DIR), videos=videos))
     return code, capsys.readouterr().out
@@ -397,7 +397,7 @@ def test_dry_run_layout_equals_the_backends(family):
     """dry-run computes the layout from files; it must agree with the loaded backend's."""
     from transformers import AutoConfig
 
-    from lvspec_eval import dry_run as dr
+    from lvspec_eval.measure import dry_run as dr
     from lvspec_eval.models.args import ModelArgs
 
     path = family.target.model.config._name_or_path
@@ -429,7 +429,7 @@ def test_judged_tasks_against_the_real_local_judge(roots, monkeypatch, tmp_path)
 def test_dry_run_registers_its_sub_command():
     import argparse
 
-    from lvspec_eval import dry_run as dr
+    from lvspec_eval.measure import dry_run as dr
 
     parser = argparse.ArgumentParser()
     dr.register(parser.add_subparsers(dest="command"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lvspec_eval import check
+from lvspec_eval.reporting import check
 
 
 def make_row(method: str, task: str = "videomme", **figures) -> dict:
@@ -99,6 +99,17 @@ def test_min_speedup_applies_to_non_baseline_rows_only(tmp_path, capsys):
     ]
 
 
+def test_min_e2e_speedup_fails_rows_slower_end_to_end(tmp_path, capsys):
+    rows = make_summary(make_row("vanilla"), make_row("sd_tree", e2e_speedup=0.78), make_row("sparrow", e2e_speedup=1.2),
+                        make_row("fly", e2e_speedup=None))
+    assert run_check(tmp_path, rows, "--min-e2e-speedup", "0.97", "--min-speedup", "1.5") == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "FAIL sd_tree on videomme: e2e_speedup 0.78 < 0.97",
+        "FAIL fly on videomme: e2e_speedup unknown < 0.97",
+    ]
+    assert run_check(tmp_path, GOOD, "--min-e2e-speedup", "1.5") == 0
+
+
 def test_regression_against_baseline_summary(tmp_path, capsys):
     old = copy.deepcopy(GOOD)
     new = copy.deepcopy(GOOD)
@@ -179,7 +190,7 @@ def _div_row(match, **div):
 
 
 def test_check_passes_near_ties_and_fails_divergences_elsewhere():
-    from lvspec_eval.check import Gate, row_failures
+    from lvspec_eval.reporting.check import Gate, row_failures
     near = _div_row(0.9, compared=10, diverged=1, near_tie=1, elsewhere=0, unclassified=0)
     assert row_failures(near, "vanilla", Gate()) == []  # bf16 numerics: not a failure
     bug = _div_row(0.9, compared=10, diverged=2, near_tie=1, elsewhere=1, unclassified=0)

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from lvspec_eval import cost_model as cm
+from lvspec_eval.measure import cost_model as cm
 
 TINY = cm.Scale(width=0.05, max_layers=1, vocab_size=256, head_dim=16)
 

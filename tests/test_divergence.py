@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lvspec_eval import divergence as dv
-from lvspec_eval import report
+from lvspec_eval.reporting import divergence as dv
+from lvspec_eval.reporting import report
 
 
 def rec(method, doc, tokens, margins=None, dtype="bfloat16", task="cap", **extra):
@@ -153,7 +153,7 @@ def decode_records(path: str, dtype: str, cases, methods=("vanilla", "sd_tree"))
     writes it. The tree is a fixed dynamic one: the adaptive default may choose chains, or no draft
     at all on a model this small, and a chain cannot show a tree-mask fault."""
     from lvspec_eval.backends.loading import load_backend
-    from lvspec_eval.runner import Runner, VideoInput
+    from lvspec_eval.decoding.runner import Runner, VideoInput
 
     target = load_backend(path, dtype=dtype)
     options = {m: {} if m == "vanilla" else {"tree": "dynamic"} for m in methods}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lvspec_eval import bench
+from lvspec_eval.measure import bench
 from lvspec_eval.decoding import loop, methods
 from lvspec_eval.decoding.stats import SampleStats
 from lvspec_eval.decoding.types import StepStats

@@ -188,7 +188,7 @@ def test_a_template_that_cannot_take_a_video_fails_at_start(tmp_path):
 # ---- dry-run: template and visual tokens without weights ---------------------------------------------------
 
 def dry_run(capsys, model_args: str, video: str | None = None) -> tuple[int, str]:
-    from lvspec_eval import dry_run as dr
+    from lvspec_eval.measure import dry_run as dr
 
     code = dr.run(argparse.Namespace(model_args=model_args, tasks=TASK, include_path=str(dr.TASKS_DIR), videos=1,
                                      video=video))
@@ -290,7 +290,7 @@ def test_memory_devices_are_those_of_every_parameter_and_buffer():
 
 CLI_WITH_A_FAILING_DEVICE = """
 import sys, torch
-from lvspec_eval.runner import Runner
+from lvspec_eval.decoding.runner import Runner
 original, calls = Runner.generate, []
 def generate(self, *args, **kwargs):
     calls.append(1)

@@ -20,7 +20,7 @@ from lvspec_eval.backends.base import additive_mask
 from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.decoding import methods
 from lvspec_eval.demo import models, world
-from lvspec_eval.runner import Runner, VideoInput
+from lvspec_eval.decoding.runner import Runner, VideoInput
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

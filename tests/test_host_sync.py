@@ -18,9 +18,11 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from lvspec_eval.bench import make_samples
+from lvspec_eval.measure.bench import make_samples
 from lvspec_eval.decoding import loop
-from lvspec_eval.runner import Runner
+from lvspec_eval.decoding.drafters.model import ModelDrafter
+from lvspec_eval.decoding.drafters.sparrow import SparrowDrafter
+from lvspec_eval.decoding.runner import Runner
 
 SYNCING = {"item", "tolist", "__int__", "__float__", "__bool__", "__index__", "tensor"}
 PROJECT = str(Path(loop.__file__).resolve().parents[1])  # .../lvspec_eval
@@ -34,9 +36,10 @@ class SyncCounter(TorchFunctionMode):
         super().__init__()
         self.count = 0
         self.where: list[str] = []
+        self.paused = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in SYNCING:
+        if not self.paused and getattr(func, "__name__", "") in SYNCING:
             caller = sys._getframe(1)
             if caller.f_code.co_filename.startswith(PROJECT):
                 self.count += 1
@@ -45,8 +48,11 @@ class SyncCounter(TorchFunctionMode):
 
 
 def per_step_counts(runner: Runner, sample: dict, monkeypatch) -> tuple[list[int], list[list[str]]]:
-    """Syncs of each decode step of one request (the prefill and the first token excluded)."""
+    """Syncs of each decode step of one request (the prefill and the first token excluded, and so is
+    the draft's one-time preparation, which a lazy drafter makes inside the first step that drafts)."""
     counter = SyncCounter()
+    for cls in (ModelDrafter, SparrowDrafter):
+        monkeypatch.setattr(cls, "prepare", _uncounted(cls.prepare, counter))
     marks: list[int] = []
     wheres: list[int] = []
     real_finished = loop._finished
@@ -60,7 +66,7 @@ def per_step_counts(runner: Runner, sample: dict, monkeypatch) -> tuple[list[int
         base = loop.time.perf_counter
 
         def clock():
-            if marks:  # inside the decode loop, a CUDA clock would synchronise
+            if marks and not counter.paused:  # inside the decode loop, a CUDA clock would synchronise
                 counter.count += 1
                 counter.where.append("clock")
             return base()
@@ -73,6 +79,16 @@ def per_step_counts(runner: Runner, sample: dict, monkeypatch) -> tuple[list[int
     steps = [b - a for a, b in zip(marks[:-1], marks[1:])]
     where = [counter.where[a:b] for a, b in zip(wheres[:-1], wheres[1:])]
     return steps, where
+
+
+def _uncounted(prepare, counter: SyncCounter):
+    def wrapped(self, *args, **kwargs):
+        counter.paused = True
+        try:
+            return prepare(self, *args, **kwargs)
+        finally:
+            counter.paused = False
+    return wrapped
 
 
 @pytest.fixture(scope="module")

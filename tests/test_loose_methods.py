@@ -14,7 +14,7 @@ import torch
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from judges.oracle import correct_facts
-from lvspec_eval import sweep
+from lvspec_eval.measure import sweep
 from lvspec_eval.backends.base import Backend
 from lvspec_eval.backends.qwen2_5_vl import QwenVLBackend
 from lvspec_eval.backends.qwen_vision import VisionPreprocessConfig

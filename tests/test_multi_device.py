@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 
 from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.demo import models, world
-from lvspec_eval.runner import Runner, VideoInput
+from lvspec_eval.decoding.runner import Runner, VideoInput
 
 CPU, GPU0, GPU1 = torch.device("cpu"), torch.device("meta", 0), torch.device("meta", 1)
 METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow", "fly", "lvspec")

@@ -13,7 +13,7 @@ import torch
 
 from lvspec_eval.demo import models as demo_models
 from lvspec_eval.demo import tasks_data
-from lvspec_eval.report import metric_names
+from lvspec_eval.reporting.report import metric_names
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "lvspec_eval" / "demo" / "checkpoints" / "tokenizer"

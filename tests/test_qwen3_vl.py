@@ -20,7 +20,7 @@ from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.backends.qwen3_vl import DEEPSTACK, frame_timestamps
 from lvspec_eval.decoding import loop, methods
-from lvspec_eval.runner import VideoInput
+from lvspec_eval.decoding.runner import VideoInput
 
 from conftest import INIT_RANGE, TOKENIZER_DIR, qwen3_config, save_qwen3
 
@@ -203,7 +203,7 @@ def test_loose_methods_run_with_their_rules_on(qwen3_family, method):
 def test_train_sparrow_on_a_qwen3_target_drives_sparrow_like_vanilla(qwen3_family, tmp_path):
     from test_sparrow_any_target import VIDEOS, _train, write_mp4
     from lvspec_eval.models.video import load_video
-    from lvspec_eval.runner import Runner
+    from lvspec_eval.decoding.runner import Runner
 
     videos = tmp_path / "videos"
     for seed, (name, frames, fps, height, width) in enumerate(VIDEOS):

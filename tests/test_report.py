@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from scipy import stats as sps
 
-from lvspec_eval import report, report_plots
+from lvspec_eval.reporting import plots as report_plots
+from lvspec_eval.reporting import report
 
 DATE = "20250101_120000"
 MC = "demo_mc"  # 0/1 accuracy: McNemar
@@ -58,7 +59,7 @@ def stats_record(method: str, task: str, doc: int) -> dict:
         "kept_visual_tokens": 10 * (doc + 1),
         "peak_memory_mb": 10.0,
         "tokens": [] if failed else ([9, 9, doc] if changed else [1, 2, doc]),
-        # per committed token, as lvspec_eval/runner.py writes them (parallel lists)
+        # per committed token, as lvspec_eval/decoding/runner.py writes them (parallel lists)
         "kinds": ["loose", "exact", "target"] if method == "lvspec" else ["exact", "exact", "target"],
         "relevance": [0.1, 0.8, 0.7] if method == "lvspec" else [None, None, None],  # 0.7: the rejected token's
         "token_texts": [" a", " red", "."],
@@ -235,9 +236,9 @@ def test_outputs_are_written(built):
     assert summary["plots"][4]["path"] is None
     assert summary["plots"][4]["top_loose_tokens"] == [[" a", 9]]  # lvspec's 9 timed samples, one each
     md = (out / "leaderboard.md").read_text()
-    assert "| demo_mc | lvspec | no | 6 | 1 | 4.00 | 5.00 | 4.00x |" in md
-    assert "most frequent loosely accepted tokens" in md and "| 1 | `a` | 9 |" in md
-    assert "| lvspec | `the` -> `.` | 9 |" in md and "| vanilla |" not in md.split("overruled")[-1]
+    assert "| demo_mc | lvspec | no | 6 | 1 | 4.00 | 5.00 |" in md
+    assert "most frequent loosely accepted tokens" in md and "| 1 | a | 9 |" in md
+    assert "| lvspec | the -> . | 9 |" in md and "| vanilla |" not in md.split("overruled")[-1]
     page = (out / "leaderboard.html").read_text()
     assert page.count("data:image/png;base64,") == 4 and "<table>" in page
 
@@ -278,7 +279,7 @@ def test_unknown_option_and_bad_metric_are_errors(runs, tmp_path):
         report.build_report(runs, tmp_path / "o6", metrics={MC: "bleu"})
 
 
-def test_cli_prints_the_table(runs, tmp_path, capsys):
+def test_cli_prints_the_summary_and_leaderboard(runs, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     report.register(parser.add_subparsers())
     args = parser.parse_args(
@@ -296,7 +297,8 @@ def test_cli_prints_the_table(runs, tmp_path, capsys):
     )
     assert args.func(args) == 0
     out = capsys.readouterr().out
-    assert out.startswith("| task | method | lossless |") and "| demo_cap | sd_tree | yes | 4 | 0 |" in out
+    assert out.startswith("## Summary: which method to use\n\n| task | use | e2e speedup |")
+    assert "| method | demo_cap | demo_mc | tau | e2e overall | decode overall |" in out
     assert (tmp_path / "cli" / "leaderboard.html").is_file()
 
 
@@ -390,7 +392,7 @@ def test_length_tasks_come_last_in_their_order(runs, tmp_path):
 
 
 def test_summary_feeds_the_check_gate(summary):
-    from lvspec_eval import check
+    from lvspec_eval.reporting import check
 
     failures, _ = check.check_summary(summary, check.Gate(min_retention=0.9))
     assert all(line.startswith("FAIL lvspec on demo_") for line in failures)
@@ -465,8 +467,8 @@ def test_overruled_tokens_pair_the_draft_token_with_the_targets():
 def test_divergence_of_exact_methods_is_reported(runs, tmp_path):
     """sd_tree in bf16 leaves vanilla's tokens on two captions: doc 1 at a near-tie (margins 0.1 and
     0.2: within 2 x 0.5), doc 2 where both margins are 3 logits (a bug); the report counts both and
-    `check` can fail on the second (lvspec_eval/divergence.py)."""
-    from lvspec_eval import divergence
+    `check` can fail on the second (lvspec_eval/reporting/divergence.py)."""
+    from lvspec_eval.reporting import divergence
 
     def with_margins(path, method, changes):
         recs = [json.loads(line) for line in path.read_text().splitlines()]

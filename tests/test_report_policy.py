@@ -1,7 +1,7 @@
 """The report's draft-policy section, from records of a real adaptive run and of a fixed shape."""
-from lvspec_eval import report_policy
-from lvspec_eval.bench import make_samples
-from lvspec_eval.runner import Runner
+from lvspec_eval.reporting import policy as report_policy
+from lvspec_eval.measure.bench import make_samples
+from lvspec_eval.decoding.runner import Runner
 
 
 def test_policy_section_from_a_real_adaptive_run():

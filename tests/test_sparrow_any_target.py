@@ -23,7 +23,7 @@ from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.decoding.drafters import sparrow_train
 from lvspec_eval.decoding.drafters.sparrow import HEAD_WEIGHTS, SparrowHead
 from lvspec_eval.models.video import load_video
-from lvspec_eval.runner import Runner
+from lvspec_eval.decoding.runner import Runner
 
 # (name, frames, fps, height, width): lengths 2.5 s, 3 s and 1.2 s.
 VIDEOS = (("street/a.mp4", 10, 4.0, 48, 64), ("b.mp4", 6, 2.0, 56, 80), ("c.MOV", 7, 6.0, 48, 48))
@@ -122,8 +122,9 @@ def test_trains_on_the_targets_own_answers(trained, lmms_rule_target, video_dir)
 def test_trained_head_drives_sparrow_token_identically_to_vanilla(trained, lmms_rule_target, video_dir):
     target = str(lmms_rule_target.model.name_or_path)
     vanilla = Runner(target, method="vanilla", video_rule="lmms_eval", target_backend=lmms_rule_target)
-    sparrow = Runner(target, method="sparrow", options={"sparrow_head": str(trained)}, video_rule="lmms_eval",
-                     target_backend=lmms_rule_target)
+    # eager: the head is prepared and drafts on every request (lazily, the policy may decode alone)
+    sparrow = Runner(target, method="sparrow", options={"sparrow_head": str(trained), "draft_prepare": "eager"},
+                     video_rule="lmms_eval", target_backend=lmms_rule_target)
     prompts = (sparrow_train.VIDEO_PROMPTS[0], "which object appears first")  # seen in training, and not
     for name, *_ in VIDEOS:
         video = _video(lmms_rule_target, video_dir / name)
@@ -131,6 +132,7 @@ def test_trained_head_drives_sparrow_token_identically_to_vanilla(trained, lmms_
             ref = vanilla.generate(prompt, [video], 24)
             out = sparrow.generate(prompt, [video], 24)
             assert out.stats["method"] == "sparrow" and out.stats["kept_visual_tokens"] == 0
+            assert out.stats["draft_prepared_at"] == 0
             assert out.tokens == ref.tokens, (name, prompt)
 
 

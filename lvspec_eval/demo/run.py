@@ -105,7 +105,7 @@ def run_demo(out: Path, methods: list[str], limit: int, threads: int, lengths: t
     """The main runs, then the length runs of `lengths` (if any), then the report."""
     import torch
 
-    from .. import report
+    from ..reporting import report
 
     torch.set_num_threads(threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

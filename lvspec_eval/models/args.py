@@ -127,7 +127,7 @@ class ModelArgs:
             check_path(name, getattr(self, name))
 
     def runner_kwargs(self) -> dict:
-        """Keyword arguments of lvspec_eval.runner.Runner."""
+        """Keyword arguments of lvspec_eval.decoding.runner.Runner."""
         return {"pretrained": self.pretrained, "method": self.method, "draft": self.draft, "device": self.device,
                 "dtype": self.dtype, "attn_implementation": self.attn_implementation, "options": dict(self.options),
                 "drafter": self.drafter, "verifier": self.verifier, "device_map": self.device_map,

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from ..backends.chat_template import check_video_template
 from ..decoding.loop import make_clock
-from ..runner import Generation, Runner, VideoInput
+from ..decoding.runner import Generation, Runner, VideoInput
 from .args import GenSettings, ModelArgs, read_gen_kwargs
 from .parity import class_rules, stop_strings
 from .stats_writer import StatsWriter, failure_record, success_record

@@ -18,7 +18,7 @@ import av
 import numpy as np
 
 from ..backends.frame_rules import FramePlan, fps_plan
-from ..runner import VideoInput
+from ..decoding.runner import VideoInput
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tasks import TASKS_DIR
+from ..tasks import TASKS_DIR
 
 STATUSES = ("OK", "WARN", "FAIL")
 JUDGED_BENCHMARKS = ("vdc", "vdd", "moviechat")
@@ -81,7 +81,7 @@ def check_model_args(text: str):
     import torch
     from lmms_eval.utils import simple_parse_args_string
 
-    from .models.args import ModelArgs
+    from ..models.args import ModelArgs
 
     try:
         raw = simple_parse_args_string(text)
@@ -95,7 +95,7 @@ def check_model_args(text: str):
         parsed = ModelArgs.parse(raw)
     except ValueError as err:
         return checks + [Check("FAIL", "model_args", str(err))], None
-    from .backends.attention import describe
+    from ..backends.attention import describe
 
     summary = f"method={parsed.method} pretrained={parsed.pretrained} draft={parsed.draft} dtype={parsed.dtype}"
     return checks + [Check("OK", "model_args", summary),
@@ -106,7 +106,7 @@ def check_model_args(text: str):
 
 def uses_draft_model(parsed) -> bool:
     """Whether the run loads a separate draft checkpoint (as runner.Runner decides)."""
-    from .decoding import methods
+    from ..decoding import methods
 
     spec = methods.resolve(parsed.method, parsed.drafter, parsed.verifier)
     return spec.drafter in ("model", "pruned") and parsed.draft not in (None, "self")
@@ -141,8 +141,8 @@ def backend_without_weights(name: str, parsed):
     import torch
     from transformers import AutoConfig
 
-    from .backends.chat_template import load_tokenizer
-    from .backends.loading import _families, _model_class, _preprocess_overrides, check_model_type, resolve_path
+    from ..backends.chat_template import load_tokenizer
+    from ..backends.loading import _families, _model_class, _preprocess_overrides, check_model_type, resolve_path
 
     path = resolve_path(name)
     local = {} if Path(path).is_dir() else {"local_files_only": True}  # a hub id: the cache only, no download
@@ -182,7 +182,7 @@ def check_templates(parsed, video: str | None) -> list[Check]:
 
 def check_template(role: str, name: str, parsed, request: tuple, source: str) -> Check:
     """request: the video as a run hands it to `prepare` (frames, fps, original indices, native fps)."""
-    from .backends.chat_template import check_video_template
+    from ..backends.chat_template import check_video_template
 
     what = f"chat template {role}={name}"
     try:
@@ -209,7 +209,7 @@ def sample_frames(video: str | None, parsed):
     them (video_rule, fps, max_frames)."""
     import numpy as np
 
-    from .models.video import load_video
+    from ..models.video import load_video
 
     plan = backend_without_weights(parsed.pretrained, parsed).frame_plan(parsed.fps, parsed.max_frames)
     if video is not None:
@@ -253,7 +253,7 @@ def benchmark_video(registry, task: str) -> str | None:
 
 def demo_task_video(task: str) -> str | None:
     """A synthvid task's first video if its data was generated already (dry-run generates nothing)."""
-    from .demo import tasks_data
+    from ..demo import tasks_data
 
     docs = tasks_data.cache_root() / task / "docs.jsonl"
     if task not in tasks_data.TASKS or not docs.is_file():

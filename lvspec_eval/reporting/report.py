@@ -13,7 +13,7 @@ Inputs (found recursively under each RUN folder):
   "doc_id", "method", "error", "num_new_tokens", "num_steps", "accepted_lengths", "tau",
   "decode_s", "e2e_s", "visual_tokens", "tokens", and for the relevance plot either
   "token_records" [{"token", "text", "kind", "relevance"}] or the parallel lists "kinds",
-  "relevance", "token_texts" (what lvspec_eval/runner.py writes). A model_args without method=
+  "relevance", "token_texts" (what lvspec_eval/decoding/runner.py writes). A model_args without method=
   is vanilla (the model's default); method=custom,drafter=D,verifier=V is "custom:D+V".
 
 How figures are computed (per task and method, against the baseline):
@@ -36,11 +36,19 @@ How figures are computed (per task and method, against the baseline):
   right ("facts_right": the synthvid captions), the facts vanilla's answer had right that the
   method's lost, summed over the paired docs, and their share of vanilla's right facts.
 
+The pages (leaderboard.html, standalone; leaderboard.md, the same sections for GitHub) open with the
+summary (per task the recommended method: report_overview.recommend), then failures and
+divergences, the compact end-to-end leaderboard, the time per phase, and the full tables collapsed.
+
 summary.json (read by `lvspec-eval check`; NaN is written as null):
-{"version": 1, "baseline": "vanilla", "alpha": 0.05, "n_boot": 2000,
+{"version": 1,
+ "headline": {"recommended": [{"task", "method", "e2e_speedup", "decode_speedup", "retention",
+   "retention_ci", "reason"}], "overall": {method: {"e2e_speedup", "decode_speedup", "tasks"}}
+   (geometric means over the method's tasks)},
+ "baseline": "vanilla", "alpha": 0.05, "n_boot": 2000,
  "rows": [{"task", "method", "lossless": bool (verifier exact: vanilla, sd_tree, specvlm,
    sparrow, "custom:<drafter>+exact", or any method run with verifier=exact), "n" (paired samples), "n_timed", "failed", "tau",
-   "tokens_per_step", "decode_speedup", "e2e_speedup", "timing", "decode_tokens_per_s", "quality",
+   "tokens_per_step", "e2e_speedup", "decode_speedup", "timing", "decode_tokens_per_s", "quality",
    "vanilla_quality", "metric", "retention", "retention_ci": [lo, hi], "non_inferior",
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
    "exact_match_rate", "exact_match_basis", "facts_lost", "fact_error_rate" (null where the task
@@ -48,8 +56,11 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
    "wilcoxon" or null for the baseline), "zero_method",
    "divergence" (exact methods other than the baseline, else absent): {"compared", "diverged",
    "near_tie", "elsewhere", "unclassified", "dtype", "tolerance", "basis", "first_divergences"}
-   (see lvspec_eval/divergence.py: where the method first leaves the baseline's tokens, a near-tie
-   of the target's logits there is numerics, anything else a bug)}],
+   (see lvspec_eval/reporting/divergence.py: where the method first leaves the baseline's tokens, a near-tie
+   of the target's logits there is numerics, anything else a bug)},
+   "visual_tokens", "mean_new_tokens" (means over the timed samples), "time_breakdown": mean seconds
+   per sample in each phase (report_overview.PHASES, from the stats' preprocess_s, prefill_s,
+   draft_prepare_s, else draft_prefill_s + draft_vision_s, prune_s, decode_s, e2e_s) and "e2e"],
  "plots": [{"name", "path" (a PNG relative to DIR; null for a table-only entry), "caption", plus
    the hook's extra figures, e.g. "top_loose_tokens": [[text, count], ...]}], "warnings": [str]}
 Rows are ordered by task, then vanilla, sd_tree, specvlm, sparrow, fly, lvspec, others by name.
@@ -74,13 +85,30 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from judges import stats
-from lvspec_eval import baseline_run as baseline_runs
-from lvspec_eval import divergence, report_html, report_plots, report_policy
-from lvspec_eval.divergence import divergence_summary  # noqa: F401  (for `check` and callers holding records)
+from lvspec_eval.reporting import baseline_run as baseline_runs
+from lvspec_eval.reporting import divergence
+from lvspec_eval.reporting import overview as report_overview
+from lvspec_eval.reporting import page as report_html
+from lvspec_eval.reporting import plots as report_plots
+from lvspec_eval.reporting import policy as report_policy
+from lvspec_eval.reporting.divergence import divergence_summary  # noqa: F401  (for `check` and callers holding records)
+from lvspec_eval.reporting.page import Section, Table
+from lvspec_eval.reporting.runs import (  # noqa: F401  (the report's public names: callers and tests use them)
+    LOSSLESS_METHODS,
+    TaskRun,
+    discover,
+    is_lossless,
+    load_results_file,
+    metric_names,
+    parse_model_args,
+    read_jsonl,
+    run_method,
+)
 
 log = logging.getLogger(__name__)
+# build_report collects the warnings of every module of the package (loading, plots...) into summary.json
+PACKAGE_LOG = logging.getLogger(__name__.rpartition(".")[0])
 
-LOSSLESS_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow")
 METHOD_ORDER = ("vanilla", "sd_tree", "specvlm", "sparrow", "fly", "lvspec")
 REPORTED_MARGINS = (0.01, 0.02)
 # keys lmms-eval writes into every logged sample besides the metrics
@@ -98,138 +126,7 @@ class ReportOptions:
     echo: bool = False  # print the table to stdout
     plots: bool = True  # draw the PNGs (off: faster, for CI gates that read only summary.json)
     length_tasks: tuple[str, ...] = ()  # rows after the other tasks', in this order (see the docstring)
-
-
-@dataclass(frozen=True)
-class TaskRun:
-    """One method on one task: a results file, its samples file and the matching decode stats."""
-
-    method: str
-    task: str
-    metrics: tuple[str, ...]  # metric names in the results JSON's order
-    samples: dict[str, dict]  # doc_id -> logged sample
-    stats: dict[str, dict]  # doc_id -> decode-stats record
-    source: Path  # the results file
-    lossless: bool
-
-
-# ---------------------------------------------------------------------------------------- loading
-
-
-def parse_model_args(value: str | Mapping | None) -> dict[str, str]:
-    """lmms-eval keeps model_args as the CLI string "k=v,k=v" (or a dict when called from code)."""
-    if isinstance(value, Mapping):
-        return {str(k): str(v) for k, v in value.items()}
-    pairs = [item.split("=", 1) for item in (value or "").split(",") if item.strip()]
-    return {k.strip(): v.strip() for k, v in (p if len(p) == 2 else (p[0], "") for p in pairs)}
-
-
-def run_method(model_args: Mapping[str, str], where: str) -> str:
-    """The row name, as the lvspec model labels its stats records: `method` (default vanilla, as
-    in the model), or "custom:<drafter>+<verifier>" for method=custom."""
-    method = model_args.get("method") or "vanilla"
-    if method != "custom":
-        return method
-    drafter, verifier = model_args.get("drafter"), model_args.get("verifier")
-    if not drafter or not verifier:
-        raise ValueError(f"{where}: method=custom without drafter=<name> and verifier=<name> in model_args")
-    return f"custom:{drafter}+{verifier}"
-
-
-def is_lossless(method: str, verifier: str | None = None) -> bool:
-    """Exact verification is lossless. `verifier` is model_args' verifier= (it may swap the
-    verifier of a named method); without it the method name decides."""
-    if verifier:
-        return verifier == "exact"
-    if method.startswith("custom:"):
-        return method.rsplit("+", 1)[-1] == "exact"
-    return method in LOSSLESS_METHODS
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    out = []
-    for k, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{k}: not JSON ({err.msg}); expected one JSON object per line") from err
-    return out
-
-
-def metric_names(task_results: Mapping) -> tuple[str, ...]:
-    """ "acc,none" -> "acc"; stderr entries and the alias are not metrics."""
-    names = [k.split(",", 1)[0] for k in task_results if k != "alias" and "_stderr" not in k and "," in k]
-    return tuple(dict.fromkeys(names))
-
-
-def stats_files(model_args: Mapping[str, str], results_path: Path, run_dir: Path) -> list[Path]:
-    """The run's stats_path (as written, else relative to RUN or to the results file) and every
-    stats*.jsonl under RUN, each once."""
-    found = sorted(run_dir.rglob("stats*.jsonl"))
-    given = model_args.get("stats_path")
-    if given:
-        candidates = [c for c in (Path(given), run_dir / given, results_path.parent / given) if c.is_file()]
-        if not candidates:
-            log.warning("%s: stats_path %s not found (also looked under %s)", results_path, given, run_dir)
-        found += candidates[:1]
-    unique = {p.resolve(): p for p in found}
-    return list(unique.values())
-
-
-def load_stats(paths: list[Path], method: str) -> dict[str, dict[str, dict]]:
-    """task -> doc_id -> record, for this method's records only (a later line wins)."""
-    out: dict[str, dict[str, dict]] = {}
-    for path in paths:
-        for rec in read_jsonl(path):
-            if rec.get("method", method) == method:
-                out.setdefault(str(rec.get("task")), {})[str(rec.get("doc_id"))] = rec
-    return out
-
-
-def load_results_file(path: Path, run_dir: Path) -> list[TaskRun]:
-    data = json.loads(path.read_text(encoding="utf-8"))
-    config = data.get("config") or {}
-    model_args = parse_model_args(config.get("model_args", data.get("model_args")))
-    method = run_method(model_args, str(path))
-    lossless = is_lossless(method, model_args.get("verifier"))
-    decode_stats = load_stats(stats_files(model_args, path, run_dir), method)
-    date_id = path.name[: -len("_results.json")]
-    runs = []
-    for task, task_results in (data.get("results") or {}).items():
-        samples_path = path.parent / f"{date_id}_samples_{task}.jsonl"
-        if not samples_path.is_file():
-            if not (data.get("group_subtasks") or {}).get(task):  # groups have no samples of their own
-                log.warning("%s: no samples file for task %s (run lmms-eval with --log_samples)", path, task)
-            continue
-        samples = {str(s["doc_id"]): s for s in read_jsonl(samples_path)}
-        metrics = metric_names(task_results)
-        runs.append(TaskRun(method, task, metrics, samples, decode_stats.get(task, {}), path, lossless))
-    return runs
-
-
-def discover(run_dirs: list[Path]) -> dict[tuple[str, str], TaskRun]:
-    """(task, method) -> its run; the latest results file (by name, which starts with the date)
-    wins when a method ran a task twice."""
-    runs: dict[tuple[str, str], TaskRun] = {}
-    for run_dir in map(Path, run_dirs):
-        results = sorted(run_dir.rglob("*_results.json"), key=lambda p: p.name)
-        if not results:
-            raise ValueError(f"no *_results.json under {run_dir}; give folders written by lmms-eval --output_path")
-        for path in results:
-            for run in load_results_file(path, run_dir):
-                key = (run.task, run.method)
-                if key in runs:
-                    log.warning(
-                        "method %s ran task %s twice: using the later of %s and %s",
-                        run.method,
-                        run.task,
-                        path,
-                        runs[key].source,
-                    )
-                if key not in runs or path.name >= runs[key].source.name:
-                    runs[key] = run
-    return runs
+    lossless_tasks: tuple[str, ...] = ()  # tasks whose recommended method must be lossless (exact output)
 
 
 # ------------------------------------------------------------------------------------- statistics
@@ -316,8 +213,8 @@ def speed_fields(pairs: list[tuple[dict, dict]]) -> dict:
             "n_timed": 0,
             "tau": nan,
             "tokens_per_step": nan,
-            "decode_speedup": nan,
             "e2e_speedup": nan,
+            "decode_speedup": nan,
             "decode_tokens_per_s": nan,
             "timing": None,
         }
@@ -328,8 +225,8 @@ def speed_fields(pairs: list[tuple[dict, dict]]) -> dict:
         "n_timed": len(pairs),
         "tau": tau,
         "tokens_per_step": tau + 1.0,
-        "decode_speedup": _ratio(_total(vanilla, "decode_s"), _total(method, "decode_s")),
         "e2e_speedup": _ratio(_total(vanilla, "e2e_s"), _total(method, "e2e_s")),
+        "decode_speedup": _ratio(_total(vanilla, "decode_s"), _total(method, "decode_s")),
         "decode_tokens_per_s": _ratio(_total(method, "num_new_tokens"), _total(method, "decode_s")),
         "timing": _timing_basis(pairs),
     }
@@ -415,7 +312,19 @@ def method_row(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions)
     if run.lossless and run.method != opts.baseline:
         row["divergence"] = divergence.row_fields(run.stats, vanilla.stats)
     row["policy"] = report_policy.policy_fields(run.stats.values())
+    row.update(sample_shape([m for m, _ in pairs]))
     return row
+
+
+def sample_shape(records: list[dict]) -> dict:
+    """Mean visual tokens and answer length of the timed samples (the leaderboard's task groups), and
+    the mean seconds per phase of a request (report_overview.PHASES)."""
+    def mean(key: str) -> float:
+        values = [float(r[key]) for r in records if isinstance(r.get(key), (int, float))]
+        return sum(values) / len(values) if values else float("nan")
+
+    return {"visual_tokens": mean("visual_tokens"), "mean_new_tokens": mean("num_new_tokens"),
+            "time_breakdown": report_overview.breakdown_fields(records)}
 
 
 def method_sort_key(method: str) -> tuple[int, str]:
@@ -478,8 +387,8 @@ COLUMNS = (
     ("failed", lambda r: str(r["failed"])),
     ("tau", lambda r: _num(r["tau"], ".2f")),
     ("tokens/step", lambda r: _num(r["tokens_per_step"], ".2f")),
-    ("decode speedup", lambda r: _num(r["decode_speedup"], ".2f", "x")),
     ("e2e speedup", lambda r: _num(r["e2e_speedup"], ".2f", "x")),
+    ("decode speedup", lambda r: _num(r["decode_speedup"], ".2f", "x")),
     ("timing", lambda r: r.get("timing") or "-"),
     ("decode tok/s", lambda r: _num(r["decode_tokens_per_s"], ".1f")),
     ("metric", lambda r: r["metric"]),
@@ -523,14 +432,78 @@ def method_note(opts: ReportOptions) -> str:
     )
 
 
-def markdown_page(rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions) -> str:
-    parts = ["# lvspec-eval leaderboard", "", method_note(opts), "", markdown_table(rows), ""]
-    parts += [divergence.markdown_section(rows)] if divergence.markdown_section(rows) else []
-    parts += [report_policy.markdown_section(rows)] if report_policy.markdown_section(rows) else []
-    if any(p.path for p in plots):
-        parts += ["## Plots", ""] + [f"![{p.caption}]({p.path.name})  \n{p.caption}\n" for p in plots if p.path]
-    parts += [p.markdown + "\n" for p in plots if p.markdown]
-    return "\n".join(parts)
+LEADERBOARD_NOTE = (
+    "A cell: end-to-end speedup over the baseline (wall clock from request to answer, preprocessing and every "
+    "prefill included) and, below it, retention (quality / the baseline's). Task-group cells: the geometric mean "
+    "speedup and the lowest retention of the group's tasks; groups: multiple choice = answers of at most "
+    f"{report_overview.SHORT_ANSWER_TOKENS} tokens, long videos = at least {report_overview.LONG_VIDEO_TOKENS} "
+    "visual tokens. tau: mean accepted draft tokens per step (bonus excluded), averaged over tasks. Overall: "
+    "geometric means over the method's tasks; decode overall counts the decoding loop only."
+)
+BREAKDOWN_NOTE = (
+    "Mean milliseconds per sample in each phase of a request, over the method's timed samples: preprocessing "
+    "(video decoding, processor), the target's prefill, the draft's preparation (its vision tower and prefill), "
+    "pruning the draft's visual tokens, decoding; other = the measured end-to-end time minus these."
+)
+
+
+def summary_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
+    """Which method to use per task, then the failures and divergences (if any)."""
+    picks = report_overview.recommend(rows, opts.baseline, opts.lossless_tasks)
+    issues = report_overview.problems(rows, opts.baseline)
+    note = (f"Per task, the fastest method end to end among those whose retention interval clears the "
+            f"{opts.margin:.0%} non-inferiority margin; the baseline ({opts.baseline}, 1.00x) always qualifies"
+            + (f"; lossless required on {', '.join(opts.lossless_tasks)}" if opts.lossless_tasks else "") + ".")
+    table = Table(report_overview.RECOMMEND_HEADERS, report_overview.recommend_cells(picks), element_id="recommended")
+    out = [Section("Summary: which method to use", tables=[table], notes=[note], element_id="summary")]
+    if issues:
+        out.append(Section("Failures and divergences", bullets=issues, element_id="problems"))
+    return out
+
+
+def table_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
+    """The compact leaderboard, the time breakdown, then the full tables, collapsed."""
+    headers, cells = report_overview.leaderboard(rows, opts.baseline)
+    main = [r for r in rows if r["task"] not in opts.length_tasks]
+    lengths = [r for r in rows if r["task"] in opts.length_tasks]
+    out = [Section("Leaderboard: end-to-end speedup and retention", tables=[Table(headers, cells, css="leaderboard",
+                                                                                element_id="leaderboard")],
+                   notes=[LEADERBOARD_NOTE], element_id="board"),
+           Section("Where the time goes", tables=[Table(report_overview.BREAKDOWN_HEADERS,
+                                                        report_overview.breakdown_cells(rows, opts.baseline))],
+                   notes=[BREAKDOWN_NOTE]),
+           Section("All figures, per task and method", [method_note(opts)],
+                   [Table(*table_cells(main), css="wide", element_id="full-table")], collapsed=True)]
+    if lengths:
+        out.append(Section("Length stage: the same task at other video lengths",
+                           ["A few samples per length, for the speedup-vs-visual-tokens plot."],
+                           [Table(*table_cells(lengths), css="wide", element_id="length-table")], collapsed=True))
+    return out
+
+
+def detail_sections(rows: list[dict], plots: list[report_plots.Plot]) -> list[Section]:
+    out = []
+    div_cells = divergence.table_cells(rows)
+    if div_cells:
+        diverged = any((r.get("divergence") or {}).get("diverged") for r in rows)
+        out.append(Section(divergence.SECTION_TITLE + ("" if diverged else ": none"), [divergence.SECTION_NOTE],
+                           [Table(list(divergence.TABLE_HEADERS), div_cells, css="wide")], collapsed=not diverged))
+    policy_cells = report_policy.table_cells(rows)
+    if policy_cells:
+        out.append(Section(report_policy.TITLE, [report_policy.NOTE],
+                           [Table(report_policy.HEADERS, policy_cells, css="wide")], collapsed=True))
+    figures = [(p.path, p.caption) for p in plots if p.path]
+    if figures:
+        out.append(Section("Plots", figures=figures))
+    out += [Section(p.caption, tables=[Table(*p.table)], collapsed=True) for p in plots if p.table]
+    return out
+
+
+def page_sections(rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions) -> list[Section]:
+    return [*summary_sections(rows, opts), *table_sections(rows, opts), *detail_sections(rows, plots)]
+
+
+TITLE = "lvspec-eval leaderboard"
 
 
 def json_safe(x):
@@ -582,9 +555,17 @@ def summary_dict(rows: list[dict], plots: list[report_plots.Plot], opts: ReportO
     plot_entries = [
         {"name": p.name, "path": p.path.name if p.path else None, "caption": p.caption, **p.extra} for p in plots
     ]
+    picks = report_overview.recommend(rows, opts.baseline, opts.lossless_tasks)
+    headline = {
+        "recommended": [{"task": p["task"], "method": p["row"]["method"], "e2e_speedup": p["row"]["e2e_speedup"],
+                         "decode_speedup": p["row"]["decode_speedup"], "retention": p["row"]["retention"],
+                         "retention_ci": p["row"]["retention_ci"], "reason": p["reason"]} for p in picks],
+        "overall": report_overview.overall(rows),
+    }
     return json_safe(
         {
             "version": 1,
+            "headline": headline,
             "baseline": opts.baseline,
             "alpha": opts.alpha,
             "n_boot": opts.n_boot,
@@ -596,13 +577,10 @@ def summary_dict(rows: list[dict], plots: list[report_plots.Plot], opts: ReportO
 
 
 def write_outputs(summary: dict, plots: list[report_plots.Plot], opts: ReportOptions, out_dir: Path) -> None:
-    rows = summary["rows"]
-    (out_dir / "leaderboard.md").write_text(markdown_page(rows, plots, opts), encoding="utf-8")
-    headers, cells = table_cells(rows)
-    figures = [(p.path, p.caption) for p in plots if p.path]
-    notes = [method_note(opts), divergence.markdown_section(rows)] + [p.markdown for p in plots]
-    page = report_html.render_page("lvspec-eval leaderboard", headers, cells, figures, notes)
-    (out_dir / "leaderboard.html").write_text(page, encoding="utf-8")
+    sections = page_sections(summary["rows"], plots, opts)
+    intro = f"Baseline: {opts.baseline}. Built from saved runs by lvspec-eval report."
+    (out_dir / "leaderboard.md").write_text(report_html.render_markdown(TITLE, intro, sections), encoding="utf-8")
+    (out_dir / "leaderboard.html").write_text(report_html.render_html(TITLE, intro, sections), encoding="utf-8")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
 
@@ -610,11 +588,11 @@ def build_report(run_dirs: list[Path], out_dir: Path, baseline_run: Path | None 
     """Read the runs, write leaderboard.md/.html, summary.json and the plots to out_dir, and
     return the summary. Options: see ReportOptions. Warnings (missing stats, duplicate runs...)
     are logged and kept in summary["warnings"]. baseline_run: a run of lmms-eval's own model class,
-    the quality baseline (lvspec_eval/baseline_run.py)."""
+    the quality baseline (lvspec_eval/reporting/baseline_run.py)."""
     opts = make_options(options)
     out_dir = Path(out_dir)
     collector = _WarningCollector()
-    log.addHandler(collector)
+    PACKAGE_LOG.addHandler(collector)
     try:
         runs = discover([Path(d) for d in run_dirs])
         if baseline_run is not None:
@@ -624,11 +602,12 @@ def build_report(run_dirs: list[Path], out_dir: Path, baseline_run: Path | None 
         out_dir.mkdir(parents=True, exist_ok=True)
         plots = report_plots.draw_all(plot_input(rows, runs, opts, out_dir)) if opts.plots else []
     finally:
-        log.removeHandler(collector)
+        PACKAGE_LOG.removeHandler(collector)
     summary = summary_dict(rows, plots, opts, collector.messages)
     write_outputs(summary, plots, opts, out_dir)
     if opts.echo:  # the collector kept the warnings from logging's stderr fallback: show them here
-        print(markdown_table(summary["rows"]))
+        opening = [*summary_sections(summary["rows"], opts), table_sections(summary["rows"], opts)[0]]
+        print("\n\n".join(report_html.section_markdown(section) for section in opening))
         for message in summary["warnings"]:
             print(f"warning: {message}", file=sys.stderr)
     return summary
@@ -661,6 +640,7 @@ def _run(args: argparse.Namespace) -> int:
         echo=True,
         plots=not args.no_plots,
         length_tasks=tuple(t for t in (args.length_tasks or "").split(",") if t),
+        lossless_tasks=tuple(t for t in (args.lossless_tasks or "").split(",") if t),
     )
     print(f"wrote {args.output / 'leaderboard.md'}, leaderboard.html, summary.json")
     return 0
@@ -697,4 +677,6 @@ def register(subparsers) -> None:
         metavar="T1,T2,...",
         help="tasks that vary only video length: listed last, in this order, and left out of the retention panels",
     )
+    p.add_argument("--lossless-tasks", default="", metavar="T1,T2,...",
+                   help="tasks whose recommended method (the report's summary) must reproduce the baseline exactly")
     p.set_defaults(func=_run)

@@ -30,12 +30,12 @@ import torch
 from tqdm import tqdm
 
 from . import bench
-from .backends.loading import load_backend
-from .decoding import tree
-from .decoding.types import LOOSE, PST, Draft, Scores
-from .decoding.verifiers.lvspec import LVSpecVerifier
-from .demo import world
-from .runner import Runner
+from ..backends.loading import load_backend
+from ..decoding import tree
+from ..decoding.types import LOOSE, PST, Draft, Scores
+from ..decoding.verifiers.lvspec import LVSpecVerifier
+from ..demo import world
+from ..decoding.runner import Runner
 
 AXES_HELP = "NAME=v1,v2,... (repeatable); values of one option to sweep"
 # The default sweep (axes mode, 15 settings + vanilla; about 15 minutes on 2 shared CPU cores at

@@ -18,6 +18,8 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+from lvspec_eval.reporting.runs import load_results_file
+
 log = logging.getLogger(__name__)
 
 NAME = "lmms-eval"  # the row name, and the report's baseline when a baseline run is given
@@ -32,7 +34,6 @@ def reference_model(path: Path) -> str:
 def load(run_dir: Path, runs: dict, vanilla: str = "vanilla") -> dict:
     """(task, NAME) -> TaskRun of the reference run, for every task that `runs` (the report's
     (task, method) -> TaskRun) also ran with `vanilla`."""
-    from .report import load_results_file  # report imports this module
 
     run_dir = Path(run_dir)
     results = sorted(run_dir.rglob("*_results.json"), key=lambda p: p.name)

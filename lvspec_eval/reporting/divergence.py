@@ -46,6 +46,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 
+from lvspec_eval.reporting.runs import is_lossless
+
 TOLERANCE_ULPS = 4
 LOGIT_SCALE = 16.0
 TOLERANCE_FLOOR = 1e-3
@@ -185,7 +187,6 @@ def pair_key(rec: Mapping, position: int | None = None) -> tuple[str, str]:
 
 
 def _is_exact(method: str) -> bool:
-    from lvspec_eval.report import is_lossless  # report imports this module
 
     return is_lossless(method)
 
@@ -245,14 +246,17 @@ def table_cells(rows: Iterable[Mapping]) -> list[list[str]]:
     return out
 
 
+SECTION_TITLE = "Divergence of exact methods from the baseline"
+SECTION_NOTE = ("Samples whose committed tokens differ from the baseline's, judged at the first differing slot: "
+                f"{RULE}. A bug count above 0 means an exact method is not lossless: report it.")
+
+
 def markdown_section(rows: Iterable[Mapping]) -> str:
     """The report's divergence table ('' when no exact method was compared)."""
     cells = table_cells(rows)
     if not cells:
         return ""
-    note = ("Samples whose committed tokens differ from the baseline's, judged at the first differing slot: "
-            f"{RULE}. A bug count above 0 means an exact method is not lossless: report it.")
-    lines = ["## Divergence of exact methods from the baseline", "", note, "",
+    lines = [f"## {SECTION_TITLE}", "", SECTION_NOTE, "",
              "| " + " | ".join(TABLE_HEADERS) + " |", "|" + "---|" * len(TABLE_HEADERS)]
     return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
 

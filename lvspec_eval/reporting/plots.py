@@ -37,6 +37,7 @@ class Plot:
     caption: str
     markdown: str = ""  # an extra section for leaderboard.md (e.g. a list of tokens)
     extra: dict = field(default_factory=dict)  # figures for summary.json
+    table: tuple[list[str], list[list[str]]] | None = None  # (headers, cells) of a table-only hook
 
 
 PlotHook = Callable[[PlotInput], list[Plot]]
@@ -395,7 +396,9 @@ def loose_tokens(data: PlotInput, top_k: int = 20) -> list[Plot]:
     markdown = "\n".join(
         [f"### {len(top)} most frequent loosely accepted tokens", "", "| # | token | count |", "|---|---|---|", *lines]
     )
-    return [Plot("loose_tokens", None, "Most frequent loosely accepted tokens.", markdown, {"top_loose_tokens": top})]
+    table = (["#", "token", "count"], [[str(i + 1), text.strip() or repr(text), str(n)] for i, (text, n) in enumerate(top)])
+    return [Plot("loose_tokens", None, f"The {len(top)} most frequent loosely accepted tokens.", markdown,
+                 {"top_loose_tokens": top}, table)]
 
 
 def overruled_tokens(data: PlotInput, top_k: int = 10) -> list[Plot]:
@@ -415,8 +418,11 @@ def overruled_tokens(data: PlotInput, top_k: int = 10) -> list[Plot]:
              for (draft, target), n in rows]
     markdown = "\n".join([f"### Draft tokens the target overruled most often (top {top_k} per method)", "",
                           "| method | draft -> target | count |", "|---|---|---|", *lines])
-    return [Plot("overruled_tokens", None, "Draft tokens the target overruled most often.", markdown,
-                 {"top_overruled_tokens": {m: [[d, t, n] for (d, t), n in rows] for m, rows in top.items()}})]
+    table = (["method", "draft -> target", "count"],
+             [[method, f"{draft} -> {target}", str(n)] for method, rows in top.items() for (draft, target), n in rows])
+    return [Plot("overruled_tokens", None, f"Draft tokens the target overruled most often (top {top_k} per method).",
+                 markdown, {"top_overruled_tokens": {m: [[d, t, n] for (d, t), n in rows] for m, rows in top.items()}},
+                 table)]
 
 
 def _shown(text: str | None, token) -> str:

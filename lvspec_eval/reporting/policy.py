@@ -44,22 +44,33 @@ def _histogram(counts: dict) -> str:
     return ", ".join(shown)
 
 
-def markdown_section(rows: list[dict]) -> str:
+TITLE = "Draft policy (tree=adaptive)"
+NOTE = ("Chosen draft depth per step (0: no draft, the target decoded alone), mean width and nodes verified on "
+        "drafting steps, and the policy's last estimates: acceptance per width and the fitted costs (seconds: "
+        "verify = a + b x tokens; draft = r + c x levels + e x nodes).")
+HEADERS = ["task", "method", "steps", "no draft", "depth: share of steps", "width", "nodes", "accept by width",
+           "verify fit", "draft fit"]
+
+
+def table_cells(rows: list[dict]) -> list[list[str]]:
     """One line per (task, method) with a policy: how deep, how wide, how often it did not draft."""
-    rows = [r for r in rows if r.get("policy")]
-    if not rows:
-        return ""
-    lines = ["## Draft policy (tree=adaptive)", "",
-             "Chosen draft depth per step (0: no draft, the target decoded alone), mean width and nodes verified "
-             "on drafting steps, and the policy's last estimates: acceptance per width and the fitted costs "
-             "(seconds: verify = a + b x tokens; draft = r + c x levels + e x nodes).", "",
-             "| task | method | steps | no draft | depth: share of steps | width | nodes | accept by width | "
-             "verify fit | draft fit |", "|---|---|---|---|---|---|---|---|---|---|"]
+    out = []
     for r in rows:
-        p = r["policy"]
+        p = r.get("policy")
+        if not p:
+            continue
         est = p.get("estimates") or {}
         accept = ", ".join(f"{w}: {v:.2f}" for w, v in (est.get("accept_by_width") or {}).items())
-        lines.append(f"| {r['task']} | {r['method']} | {p['steps']} | {p['no_draft_share']:.0%} | "
-                     f"{_histogram(p['depth_counts'])} | {p['mean_width']:.1f} | {p['mean_nodes']:.1f} | {accept} | "
-                     f"{est.get('verify_cost_fit')} | {est.get('draft_cost_fit')} |")
-    return "\n".join(lines) + "\n"
+        out.append([r["task"], r["method"], str(p["steps"]), f"{p['no_draft_share']:.0%}",
+                    _histogram(p["depth_counts"]), f"{p['mean_width']:.1f}", f"{p['mean_nodes']:.1f}", accept,
+                    str(est.get("verify_cost_fit")), str(est.get("draft_cost_fit"))])
+    return out
+
+
+def markdown_section(rows: list[dict]) -> str:
+    """The section as markdown ('' when no row has a policy)."""
+    cells = table_cells(rows)
+    if not cells:
+        return ""
+    lines = [f"## {TITLE}", "", NOTE, "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"

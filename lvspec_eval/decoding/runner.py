@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .backends.loading import load_backend
-from .decoding import loop, methods
+from ..backends.loading import load_backend
+from . import loop, methods
 
 
 @dataclass

@@ -5,6 +5,7 @@ A row fails when (the baseline row, vanilla, is exempt from the first and third 
 - it is lossless but its exact_match_rate is below 1.0 (an exact method changed an output), unless
   the report classified every divergence as a near-tie (numerics, e.g. bf16 with another kernel);
 - any of its divergences from vanilla is not a near-tie ("elsewhere" in the report: a bug);
+- --min-e2e-speedup is given and its e2e_speedup (wall clock, request to answer) is under it;
 - --min-speedup is given and its decode_speedup is under it;
 - --baseline OLD.json is given and, for the row of the same task and method there, decode or
   e2e speedup, quality or retention fell by more than --tolerance (relative: 0.05 = 5 %).
@@ -31,6 +32,7 @@ REGRESSION_FIGURES = ("decode_speedup", "e2e_speedup", "quality", "retention")
 class Gate:
     min_retention: float = 0.99
     min_speedup: float | None = None
+    min_e2e_speedup: float | None = None
     tolerance: float = 0.05
 
 
@@ -57,9 +59,10 @@ def row_failures(row: dict, baseline: str, gate: Gate) -> list[str]:
         lo = (row.get("retention_ci") or [None, None])[0]
         if not (_known(lo) and lo >= gate.min_retention):
             out.append(f"FAIL {name}: retention lower bound {_fmt(lo)} < {gate.min_retention:g} (n={row.get('n')})")
-        speed = row.get("decode_speedup")
-        if gate.min_speedup is not None and not (_known(speed) and speed >= gate.min_speedup):
-            out.append(f"FAIL {name}: decode_speedup {_fmt(speed)} < {gate.min_speedup:g}")
+        for figure, bar in (("e2e_speedup", gate.min_e2e_speedup), ("decode_speedup", gate.min_speedup)):
+            speed = row.get(figure)
+            if bar is not None and not (_known(speed) and speed >= bar):
+                out.append(f"FAIL {name}: {figure} {_fmt(speed)} < {bar:g}")
     match = row.get("exact_match_rate")
     div = row.get("divergence") or {}
     if div.get("elsewhere"):
@@ -139,11 +142,11 @@ def select_methods(summary: dict, methods: tuple[str, ...] | None) -> dict:
 
 
 def ok_table(summary: dict) -> str:
-    lines = [f"{'task':<20} {'method':<28} {'retention lo':>12} {'exact':>7} {'decode x':>9}"]
+    lines = [f"{'task':<20} {'method':<28} {'e2e x':>7} {'decode x':>9} {'retention lo':>12} {'exact':>7}"]
     for r in summary.get("rows") or []:
         lo = _fmt((r.get("retention_ci") or [None])[0])
-        match, speed = _fmt(r.get("exact_match_rate")), _fmt(r.get("decode_speedup"))
-        lines.append(f"{r['task']:<20} {r['method']:<28} {lo:>12} {match:>7} {speed:>9}")
+        match, e2e, speed = _fmt(r.get("exact_match_rate")), _fmt(r.get("e2e_speedup")), _fmt(r.get("decode_speedup"))
+        lines.append(f"{r['task']:<20} {r['method']:<28} {e2e:>7} {speed:>9} {lo:>12} {match:>7}")
     return "\n".join(lines)
 
 
@@ -152,7 +155,8 @@ def _validate(args: argparse.Namespace) -> Gate:
         raise ValueError(f"--tolerance {args.tolerance}; allowed: 0 <= tolerance < 1 (0.05 = 5 %)")
     if not 0.0 < args.min_retention <= 2.0:
         raise ValueError(f"--min-retention {args.min_retention}; allowed: 0 < value <= 2 (0.99 = 99 %)")
-    return Gate(min_retention=args.min_retention, min_speedup=args.min_speedup, tolerance=args.tolerance)
+    return Gate(min_retention=args.min_retention, min_speedup=args.min_speedup,
+                min_e2e_speedup=args.min_e2e_speedup, tolerance=args.tolerance)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -175,6 +179,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("check", help="CI gate: fail when retention, losslessness or speed miss the bars")
     p.add_argument("summary", type=Path, metavar="SUMMARY.json", help="summary.json written by `lvspec-eval report`")
     p.add_argument("--min-retention", type=float, default=0.99, help="lowest allowed retention lower bound")
+    p.add_argument("--min-e2e-speedup", type=float, default=None,
+                   help="lowest allowed end-to-end speedup, request to answer (non-baseline rows)")
     p.add_argument("--min-speedup", type=float, default=None, help="lowest allowed decode speedup (non-baseline rows)")
     p.add_argument(
         "--baseline", type=Path, default=None, metavar="OLD.json", help="an earlier summary.json to detect regressions"

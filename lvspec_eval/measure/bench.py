@@ -33,12 +33,12 @@ from tqdm import tqdm
 
 from judges.oracle import correct_facts, score_caption
 
-from . import bench_prompts
-from .backends.base import Backend
-from .backends.loading import load_backend
-from .decoding import loop
-from .demo import data, models, world
-from .runner import Generation, Runner, VideoInput
+from . import prompts as bench_prompts
+from ..backends.base import Backend
+from ..backends.loading import load_backend
+from ..decoding import loop
+from ..demo import data, models, world
+from ..decoding.runner import Generation, Runner, VideoInput
 
 TASKS = {  # name -> (kind, frames)
     "synthvid_caption": ("caption", models.FRAMES),

@@ -52,14 +52,14 @@ from pathlib import Path
 
 import torch
 
-from .backends.base import Backend, DecodeState, PreparedInputs, crop_cache
-from .backends.llava_onevision import LlavaOnevisionBackend
-from .backends.qwen2_5_vl import QwenVLBackend
-from .backends.qwen3_vl import Qwen3VLBackend
-from .decoding import tree
-from .decoding.drafters.model import ModelDrafter
-from .decoding.loop import make_clock
-from .decoding.pruning import PruneConfig
+from ..backends.base import Backend, DecodeState, PreparedInputs, crop_cache
+from ..backends.llava_onevision import LlavaOnevisionBackend
+from ..backends.qwen2_5_vl import QwenVLBackend
+from ..backends.qwen3_vl import Qwen3VLBackend
+from ..decoding import tree
+from ..decoding.drafters.model import ModelDrafter
+from ..decoding.loop import make_clock
+from ..decoding.pruning import PruneConfig
 
 # Text decoders of the real checkpoints (their config.json text_config values).
 ARCHITECTURES = {
@@ -775,7 +775,7 @@ def destination(args: argparse.Namespace) -> dict[str, Path]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Entry point for `lvspec-eval bench --cost-model` (and `python -m lvspec_eval.cost_model`).
+    """Entry point for `lvspec-eval bench --cost-model` (and `python -m lvspec_eval.measure.cost_model`).
 
     Returns the result, as bench.run does (bench writes it to --out again, unchanged)."""
     paths = destination(args)  # checked before minutes of timing, not after
@@ -787,7 +787,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lvspec_eval.cost_model", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lvspec_eval.measure.cost_model", description=__doc__.split("\n")[0])
     add_arguments(parser)
     parser.add_argument("--out", type=Path, default=None, help="the JSON file (.md and .png beside it)")
     run(parser.parse_args(argv))

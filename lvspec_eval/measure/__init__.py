@@ -1,0 +1,2 @@
+"""Measurement: bench (methods side by side in one process), prompts (its text prompts),
+cost_model (real-size random-weight models), sweep (LVSpec thresholds), dry_run (checks without weights)."""

@@ -1,0 +1,214 @@
+"""The report's first screen: which method to use per task, a compact leaderboard, where time goes.
+
+Everything here reads the rows report.py builds (summary.json's "rows"), nothing else:
+- recommend(): per task, the fastest method end to end among those shown non-inferior at the
+  report's margin (the baseline always qualifies, at 1.00x), leaving out rows with failed samples
+  or divergences that are not near-ties, and, for the tasks named in `lossless_tasks`, rows that are
+  not lossless token for token.
+- leaderboard(): methods as rows, task columns (or task groups when there are more than
+  MAX_TASK_COLUMNS tasks), a cell = end-to-end speedup over retention; then mean tau and the
+  overall end-to-end and decode speedups (geometric means over the tasks). A group cell shows the
+  geometric mean speedup and the LOWEST retention of its tasks.
+- breakdown(): mean milliseconds per sample in each phase of a request, per task group and method.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+MAX_TASK_COLUMNS = 4  # more tasks than this: one column per task group
+LONG_VIDEO_TOKENS = 1024  # a task whose samples average at least this many visual tokens is a long-video task
+SHORT_ANSWER_TOKENS = 8  # a task whose baseline answers average at most this many tokens is multiple choice
+# The leaderboard must fit a 1280 px window: at most this many columns, no cell line longer than
+# CELL_CHARS characters (the method column: METHOD_CHARS); tests/test_report_page.py holds it to it.
+COLUMN_BUDGET = 8
+CELL_CHARS = 16
+METHOD_CHARS = 24
+GROUPS = ("short videos", "long videos", "multiple choice")
+PHASES = ("preprocess", "target prefill", "draft preparation", "pruning", "decode", "other")
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _x(x) -> str:
+    return f"{x:.2f}x" if _finite(x) else "-"
+
+
+def _f(x, fmt: str = ".3f") -> str:
+    return f"{x:{fmt}}" if _finite(x) else "-"
+
+
+def geomean(values: Iterable[float]) -> float:
+    kept = [v for v in values if _finite(v) and v > 0]
+    return math.exp(sum(map(math.log, kept)) / len(kept)) if kept else float("nan")
+
+
+# ------------------------------------------------------------------------------ per-sample phases
+
+
+def phase_seconds(rec: Mapping) -> dict[str, float]:
+    """A stats record's wall clock split into PHASES. Newer records carry draft_prepare_s (all
+    draft-side work, pruning included) and a measured e2e_s; older ones draft_prefill_s only."""
+    prune = float(rec.get("prune_s") or 0.0)
+    if rec.get("draft_prepare_s") is not None:
+        draft = float(rec["draft_prepare_s"]) - prune
+    else:
+        draft = float(rec.get("draft_prefill_s") or 0.0) + float(rec.get("draft_vision_s") or 0.0)
+    out = {"preprocess": float(rec.get("preprocess_s") or 0.0), "target prefill": float(rec.get("prefill_s") or 0.0),
+           "draft preparation": draft, "pruning": prune, "decode": float(rec.get("decode_s") or 0.0)}
+    e2e = float(rec.get("e2e_s") or sum(out.values()))
+    out["other"] = max(e2e - sum(out.values()), 0.0)
+    out["e2e"] = e2e
+    return out
+
+
+def breakdown_fields(records: list[Mapping]) -> dict | None:
+    """Mean seconds per sample in each phase (and end to end) over the method's timed records."""
+    if not records:
+        return None
+    per = [phase_seconds(r) for r in records]
+    return {k: sum(p[k] for p in per) / len(per) for k in (*PHASES, "e2e")}
+
+
+# ---------------------------------------------------------------------------------- task groups
+
+
+def _by_task(rows: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["task"], []).append(r)
+    return out
+
+
+def task_group(task_rows: list[dict], baseline: str) -> str:
+    base = next((r for r in task_rows if r["method"] == baseline), task_rows[0])
+    answer = base.get("mean_new_tokens")
+    if _finite(answer) and answer <= SHORT_ANSWER_TOKENS:
+        return "multiple choice"
+    tokens = base.get("visual_tokens")
+    return "long videos" if _finite(tokens) and tokens >= LONG_VIDEO_TOKENS else "short videos"
+
+
+def columns(rows: list[dict], baseline: str) -> dict[str, list[str]]:
+    """Column name -> its tasks: one per task when there are few, else the task groups."""
+    tasks = _by_task(rows)
+    if len(tasks) <= MAX_TASK_COLUMNS:
+        return {t: [t] for t in tasks}
+    out: dict[str, list[str]] = {g: [] for g in GROUPS}
+    for task, task_rows in tasks.items():
+        out[task_group(task_rows, baseline)].append(task)
+    return {g: ts for g, ts in out.items() if ts}
+
+
+# ------------------------------------------------------------------------------ recommendation
+
+
+def qualifies(row: dict, lossless_tasks: Iterable[str]) -> bool:
+    div = row.get("divergence") or {}
+    if row.get("failed") or div.get("elsewhere") or not row.get("non_inferior"):
+        return False
+    if row["task"] in set(lossless_tasks):
+        return bool(row.get("lossless")) and (row.get("exact_match_rate") == 1.0 or div.get("near_tie") == div.get("diverged"))
+    return True
+
+
+def recommend(rows: list[dict], baseline: str, lossless_tasks: Iterable[str] = ()) -> list[dict]:
+    """Per task: the recommended row and why ({"task", "row", "reason"})."""
+    out = []
+    for task, task_rows in _by_task(rows).items():
+        ok = [r for r in task_rows if r["method"] == baseline or (qualifies(r, lossless_tasks) and _finite(r.get("e2e_speedup")))]
+        best = max(ok, key=lambda r: 1.0 if r["method"] == baseline else r["e2e_speedup"], default=None)
+        if best is None:
+            continue
+        faster = best["method"] != baseline
+        reason = "fastest non-inferior" if faster else "no non-inferior method is faster"
+        if task in set(lossless_tasks):
+            reason += " and lossless"
+        out.append({"task": task, "row": best, "reason": reason})
+    return out
+
+
+def _retention(r: dict) -> str:
+    lo, hi = r.get("retention_ci") or (None, None)
+    return f"{_f(r.get('retention'))} [{_f(lo)}, {_f(hi)}]"
+
+
+RECOMMEND_HEADERS = ["task", "use", "e2e speedup", "decode speedup", "retention [95% CI]", "why"]
+
+
+def recommend_cells(picks: list[dict]) -> list[list[str]]:
+    return [[p["task"], p["row"]["method"], _x(p["row"].get("e2e_speedup")), _x(p["row"].get("decode_speedup")),
+             _retention(p["row"]), p["reason"]] for p in picks]
+
+
+def problems(rows: list[dict], baseline: str) -> list[str]:
+    """Failed samples, divergences of exact methods, rows not shown non-inferior: one line each."""
+    out = []
+    for r in rows:
+        name = f"{r['method']} on {r['task']}"
+        if r.get("failed"):
+            out.append(f"{name}: {r['failed']} failed sample(s)")
+        div = r.get("divergence") or {}
+        if div.get("diverged"):
+            out.append(f"{name}: {div['diverged']} of {div.get('compared')} samples diverge from the baseline "
+                       f"({div.get('near_tie')} near-tie, {div.get('elsewhere')} elsewhere: a bug)")
+        if r["method"] != baseline and not r.get("non_inferior"):
+            out.append(f"{name}: not shown non-inferior at {r.get('margin', 0):.0%} (retention {_retention(r)})")
+    return out
+
+
+# -------------------------------------------------------------------------------- leaderboard
+
+
+def _cell(task_rows: list[dict]) -> str:
+    if not task_rows:
+        return "-"
+    speed = geomean(r.get("e2e_speedup") for r in task_rows)
+    retention = min((r["retention"] for r in task_rows if _finite(r.get("retention"))), default=float("nan"))
+    return f"{_x(speed)}\nret {_f(retention)}"
+
+
+def leaderboard(rows: list[dict], baseline: str) -> tuple[list[str], list[list[str]]]:
+    """(headers, cells): methods as rows, task (group) columns, then tau and the overall speedups."""
+    cols = columns(rows, baseline)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    headers = ["method", *cols, "tau", "e2e overall", "decode overall"]
+    cells = []
+    for m in methods:
+        mine = [r for r in rows if r["method"] == m]
+        tau = [r["tau"] for r in mine if _finite(r.get("tau"))]
+        cells.append([m, *(_cell([r for r in mine if r["task"] in tasks]) for tasks in cols.values()),
+                      _f(sum(tau) / len(tau), ".2f") if tau else "-",
+                      _x(geomean(r.get("e2e_speedup") for r in mine)), _x(geomean(r.get("decode_speedup") for r in mine))])
+    return headers, cells
+
+
+def overall(rows: list[dict]) -> dict[str, dict]:
+    """method -> geometric-mean e2e and decode speedups over its tasks (summary.json's "headline")."""
+    out = {}
+    for m in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == m]
+        out[m] = {"e2e_speedup": geomean(r.get("e2e_speedup") for r in mine),
+                  "decode_speedup": geomean(r.get("decode_speedup") for r in mine), "tasks": len(mine)}
+    return out
+
+
+# ---------------------------------------------------------------------------------- breakdown
+
+
+BREAKDOWN_HEADERS = ["tasks", "method", *(f"{p} ms" for p in PHASES), "e2e ms"]
+
+
+def breakdown_cells(rows: list[dict], baseline: str) -> list[list[str]]:
+    """Mean ms per sample, per column of the leaderboard (task or group) and method."""
+    out = []
+    for name, tasks in columns(rows, baseline).items():
+        for m in dict.fromkeys(r["method"] for r in rows):
+            parts = [r["time_breakdown"] for r in rows if r["method"] == m and r["task"] in tasks
+                     and r.get("time_breakdown")]
+            if parts:
+                mean = {k: sum(p[k] for p in parts) / len(parts) for k in (*PHASES, "e2e")}
+                out.append([name, m, *(f"{1000 * mean[k]:.1f}" for k in (*PHASES, "e2e"))])
+    return out
