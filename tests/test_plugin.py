@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -224,6 +225,7 @@ def results_files(tmp_path: Path) -> list[Path]:
 
 @pytest.mark.slow
 def test_cli_run_writes_results_and_survives_a_corrupt_video(tiny_model, synthvid, tmp_path):
+    synthvid = Path(shutil.copytree(synthvid, tmp_path / "synthvid"))  # a private copy: the module's stays whole
     (synthvid / TASK / "videos" / "00001.mp4").write_bytes(b"not a video")  # doc 1 fails; the run goes on
     stats = tmp_path / "stats.jsonl"
     proc = run_cli(tmp_path, f"pretrained={tiny_model},method=vanilla,fps=4,stats_path={stats}", f"{TASK},synthvid_mcq",
