@@ -23,8 +23,9 @@ layer's query rows of the text after the video (the kernel's own output untouche
 the one vanilla runs); when a pruned draft is prepared, `pruning_scores` sums, layer by layer, the
 attention those rows pay the video keys, read back from the cache (one [kv_heads, group * text rows,
 keys] block at a time, never all layers' maps at once). `collect_visual_attention` sums the same
-during a forward (any collector can be fed the same way: `collecting`). Any other
-collector can be fed the same way (`collecting`).
+during a forward: the engine no longer uses it; it is the independent reference that
+tests/test_attention.py checks `pruning_scores` against. Any other collector can be fed the same
+way (`collecting`).
 """
 from __future__ import annotations
 
@@ -239,7 +240,7 @@ def collecting(text_config, collector):
     calls `collector.add(query, key, mask, scaling, layer_idx)` (queries and keys after rotary
     embedding, as the kernel got them). Models loaded by `load_backend` already run the dispatcher;
     any other model runs it (with its own kernel) for the duration. Used by SpecVLM's pruning scores
-    (`collect_visual_attention`) and by the demo target's attention supervision (demo/train.py
+    (`collect_text_queries`) and by the demo target's attention supervision (demo/train.py
     `SlotAttention`)."""
     if id(text_config) in _COLLECTORS:
         raise RuntimeError("attention is already being collected on this model")
