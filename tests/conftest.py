@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 import torch
 from transformers import (AutoTokenizer, LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration, Qwen2Config,
-                          Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen3VLConfig,
-                          Qwen3VLForConditionalGeneration, SiglipVisionConfig)
+                          Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen3_5Config,
+                          Qwen3_5ForConditionalGeneration, Qwen3VLConfig, Qwen3VLForConditionalGeneration,
+                          SiglipVisionConfig)
 
 from lvspec_eval.backends.base import Backend, PreparedInputs
 from lvspec_eval.backends.loading import load_backend
@@ -149,6 +150,45 @@ def build_qwen3_checkpoint(path: Path, hidden: int = 64, layers: int = 3, seed: 
 
 
 # ------------------------------------------------------------------------------------------------
+# Qwen3.5 (hybrid: Gated DeltaNet linear-attention layers, one full-attention layer in `full_every`)
+
+
+def qwen3_5_config(tokenizer, hidden: int, layers: int, full_every: int = 2) -> Qwen3_5Config:
+    """A tiny Qwen3.5: every `full_every`-th text layer full attention (the released models: 4), the
+    others Gated DeltaNet; partial M-RoPE (a quarter of each head), gated attention; Qwen3-VL's vision
+    tower without DeepStack."""
+    ids = tokenizer.convert_tokens_to_ids
+    head_dim = 16
+    heads = hidden // head_dim
+    text = dict(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=max(1, heads // 2), head_dim=head_dim, intermediate_size=2 * hidden,
+                max_position_embeddings=4096, linear_conv_kernel_dim=4, linear_key_head_dim=8,
+                linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+                layer_types=["full_attention" if (i + 1) % full_every == 0 else "linear_attention"
+                             for i in range(layers)],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_interleaved": True,
+                                 "mrope_section": [1, 1, 0], "partial_rotary_factor": 0.25},
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=0, initializer_range=INIT_RANGE)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden,
+                  patch_size=16, temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16,
+                  initializer_range=INIT_RANGE)
+    return Qwen3_5Config(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
+                         video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+                         vision_end_token_id=ids("<|vision_end|>"), tie_word_embeddings=False,
+                         initializer_range=INIT_RANGE)
+
+
+def build_qwen3_5_checkpoint(path: Path, hidden: int = 64, layers: int = 4, seed: int = 11,
+                             full_every: int = 2) -> Path:
+    """Save a tiny random Qwen3.5 checkpoint at `path` (Qwen3-VL's folder layout and processor files)."""
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(qwen3_5_config(tok, hidden, layers, full_every)).eval()
+    save_qwen3(model, tok, path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
 # LLaVA-OneVision
 
 
@@ -225,6 +265,15 @@ def qwen3_family(tmp_path_factory) -> Family:
     target = load_backend(str(build_qwen3_checkpoint(root / "target", 64, 3, seed=5, deepstack=2)))
     draft = load_backend(str(build_qwen3_checkpoint(root / "draft", 32, 2, seed=6, deepstack=1)))
     return Family("qwen3_vl", target, draft, _qwen3_hf_kwargs, max_side=96)
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_family(tmp_path_factory) -> Family:
+    """Target: 4 text layers (linear, full, linear, full); draft: 2 (linear, full)."""
+    root = tmp_path_factory.mktemp("qwen3_5")
+    target = load_backend(str(build_qwen3_5_checkpoint(root / "target", 64, 4, seed=11)))
+    draft = load_backend(str(build_qwen3_5_checkpoint(root / "draft", 32, 2, seed=12)))
+    return Family("qwen3_5", target, draft, _qwen3_hf_kwargs, max_side=96)
 
 
 FAMILY_FIXTURES = {"qwen2_5_vl": "qwen_family", "llava_onevision": "llava_family", "qwen3_vl": "qwen3_family"}

@@ -34,18 +34,15 @@ def resolve_path(name: str) -> str:
     return name
 
 
-# Families whose decoder layers keep a recurrent state instead of (only) keys and values: a draft
-# tree cannot be masked into it and a rejected token cannot be cropped out of it.
-HYBRID_LINEAR_ATTENTION = {"qwen3_5": "Qwen3.5", "qwen3_5_moe": "Qwen3.5-MoE"}
-
-
 def _families() -> dict:
     from .llava_onevision import LlavaOnevisionBackend
     from .qwen2_5_vl import QwenVLBackend
+    from .qwen3_5 import Qwen3_5Backend
     from .qwen3_vl import Qwen3VLBackend
 
     return {"qwen2_5_vl": QwenVLBackend, "llava_onevision": LlavaOnevisionBackend,
-            "qwen3_vl": Qwen3VLBackend, "qwen3_vl_moe": Qwen3VLBackend}
+            "qwen3_vl": Qwen3VLBackend, "qwen3_vl_moe": Qwen3VLBackend,
+            "qwen3_5": Qwen3_5Backend, "qwen3_5_moe": Qwen3_5Backend}
 
 
 def _model_class(model_type: str):
@@ -54,18 +51,13 @@ def _model_class(model_type: str):
     return getattr(transformers, {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
                                   "llava_onevision": "LlavaOnevisionForConditionalGeneration",
                                   "qwen3_vl": "Qwen3VLForConditionalGeneration",
-                                  "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration"}[model_type])
+                                  "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+                                  "qwen3_5": "Qwen3_5ForConditionalGeneration",
+                                  "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}[model_type])
 
 
 def check_model_type(name: str, model_type: str) -> None:
     """ValueError unless lvspec can decode this family speculatively; says why when it cannot."""
-    if model_type in HYBRID_LINEAR_ATTENTION:
-        raise ValueError(
-            f"{name}: model_type {model_type!r} ({HYBRID_LINEAR_ATTENTION[model_type]}) is not supported yet: most "
-            "of its layers are Gated DeltaNet (linear attention) layers, whose recurrent and convolution state "
-            "has no per-token keys and values, so rejected draft tokens cannot be cropped from it and a draft "
-            "tree cannot be masked into it; lvspec's tree verification and cache rollback need attention "
-            f"layers throughout (supported: {', '.join(_families())})")
     if model_type not in _families():
         raise ValueError(f"{name}: model_type {model_type!r} is not supported; expected one of "
                          f"{', '.join(_families())}")
