@@ -4,6 +4,7 @@
     sd_tree  = model drafter         + exact     (SPEC.md section 2)
     specvlm  = pruned model drafter  + exact     (section 3)
     sparrow  = Sparrow head          + exact     (section 4)
+    mtp      = the checkpoint's MTP layer + exact (Qwen3.5's own multi-token prediction)
     fly      = pruned model drafter  + fly       (section 5; chain drafts)
     lvspec   = pruned model drafter  + lvspec    (section 6)
     custom   = drafter=<name>, verifier=<name>   (any combination)
@@ -16,7 +17,7 @@ import difflib
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
-from .drafters import sparrow
+from .drafters import mtp, sparrow
 from .drafters.model import ModelDrafter, NoDrafter
 from .pruning import PruneConfig
 from .tree import TreeConfig
@@ -37,6 +38,7 @@ METHODS: dict[str, MethodSpec] = {
     "sd_tree": MethodSpec("model", "exact"),
     "specvlm": MethodSpec("pruned", "exact"),
     "sparrow": MethodSpec("sparrow", "exact"),
+    "mtp": MethodSpec("mtp", "exact"),
     "fly": MethodSpec("pruned", "fly", {"tree_depth": 15}),  # FLy's public chain length k, as the cap
     "lvspec": MethodSpec("pruned", "lvspec"),
 }
@@ -67,7 +69,7 @@ class DecodeOptions:
     # weighing what preparing costs; a fixed tree's first step), never for a one-token answer.
     # None: lazy with tree=adaptive, eager with the fixed trees (their behaviour before the option).
     draft_prepare: str | None = None
-    extra: dict = field(default_factory=dict)  # verifier/drafter options (fly_*, lv_*, sparrow_*)
+    extra: dict = field(default_factory=dict)  # verifier/drafter options (fly_*, lv_*, sparrow_*, mtp_*)
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -102,6 +104,7 @@ DRAFTERS: dict[str, Callable] = {
     "pruned": lambda opts, draft, target: ModelDrafter(opts.tree_config(), draft, opts.prune_config(),
                                                        eager=opts.eager_draft(), target=target),
     "sparrow": sparrow.build_drafter,
+    "mtp": mtp.build_drafter,
 }
 # name -> factory(options)
 VERIFIERS: dict[str, Callable] = {

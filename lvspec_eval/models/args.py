@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 ON_DEVICE_ERROR = ("abort", "skip")  # what a CUDA error or out-of-memory does (models/lvspec.py)
-# verifier/drafter options owned by their modules (FLy, LVSpec, PST, Sparrow): passed through typed
-OPTION_PREFIXES = ("fly_", "lv_", "pst", "sparrow_")
+# verifier/drafter options owned by their modules (FLy, LVSpec, PST, Sparrow, MTP): passed through typed
+OPTION_PREFIXES = ("fly_", "lv_", "pst", "sparrow_", "mtp_")
 PATH_ARGS = ("pretrained", "draft")
 DEFAULT_FPS, DEFAULT_MAX_FRAMES = 2.0, 32
 # pretrained=demo samples every frame of every synthvid video: the longest task

@@ -13,7 +13,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)  # under the report's package logger: its warnings land in summary.json
 
-LOSSLESS_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow")
+LOSSLESS_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow", "mtp")
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,8 @@ wide as the video between the text before and after it; counting text tokens kee
 distance the head sees independent of the video length, the same at 64 and at 25,000 visual
 tokens, and the same as in training.
 
-Bookkeeping: feeding committed token t needs the target's true h_{t-1}. The target computes the
-hidden state of a committed token when it verifies it (as a pending token or an accepted draft
-node), so the committed tokens with known hidden states are always a prefix of the sequence: all
-but the pending tail (with exact verification, only the bonus token). Every committed token whose
-predecessor's hidden state is known is fed into the cache for good; the rest of the tail, if any,
-is fed temporarily with the head's own outputs as h (like tree nodes) and fed for good after the
-next verification has produced their true hidden states.
+Bookkeeping (which target hidden states are known, the pending tail, tree growth) is shared with
+drafter=mtp: hidden_state.HiddenStateDrafter.
 """
 from __future__ import annotations
 
@@ -45,18 +40,10 @@ from transformers.models.qwen2.modeling_qwen2 import (
     Qwen2RotaryEmbedding,
 )
 
-from ...backends.base import (
-    FINAL,
-    Backend,
-    DecodeState,
-    PreparedInputs,
-    additive_mask,
-    crop_cache,
-)
+from ...backends.base import Backend, PreparedInputs
 from ...backends.loading import DEMO_NAMES
 from ..tree import TreeConfig
-from ..types import Draft, Preparation
-from . import growth
+from .hidden_state import HiddenStateDrafter
 
 HEAD_CONFIG, HEAD_WEIGHTS = "sparrow_config.json", "sparrow_head.safetensors"
 DEMO_HEAD = DEMO_NAMES["demo"].parent / "sparrow"
@@ -166,158 +153,31 @@ class SparrowHead(nn.Module):
         return head.eval()
 
 
-class SparrowDrafter:
-    """Drafts trees (or chains) with a SparrowHead; see the module docstring for the bookkeeping."""
+class SparrowDrafter(HiddenStateDrafter):
+    """Drafts trees (or chains) with a SparrowHead; the machinery (bookkeeping, catch-up, tree
+    growth) is hidden_state.HiddenStateDrafter's. The head's cache gets the prompt's text rows
+    only, and its positions count them (the module docstring)."""
 
     name = "sparrow"
-    hidden_layers: tuple[int, ...] = (FINAL,)
-    needs_visual_attention = False
     # model_args options (the `sparrow_` prefix routes them here) and their defaults
     OPTIONS: ClassVar[dict] = {"sparrow_head": None, "sparrow_hsr": "on"}
 
     def __init__(self, head: SparrowHead, target: Backend, tree: TreeConfig, hsr: bool = True, eager: bool = True):
-        self.head, self.target, self.tree, self.hsr, self.eager = head, target, tree, hsr, eager
-        self.preparation: Preparation | None = None  # what preparing the head cost, once prepared
-        self._request: tuple | None = None  # (inputs, target state, clock) until prepared
-        self.embed = target.model.get_input_embeddings()
-        self.cache: DynamicCache | None = None
-        self.cache_len = self.temp_len = 0  # committed / temporary entries in the head's cache
-        self.num_text = 0  # prompt text tokens (the head's positions count text tokens only)
-        self.num_fed = 0  # generated tokens in the cache for good
-        self.known: list[torch.Tensor] = []  # target FINAL h of generated tokens (a prefix of them)
-        self.last_prompt_h: torch.Tensor | None = None
-        self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, out) after the last fed token
-        self.num_generated = 0
-        self.planner: growth.TreePlanner | None = None  # the draft shape policy, made on first use
+        super().__init__(head, target, tree, eager)
+        self.hsr = hsr
 
-    # ---- protocol -----------------------------------------------------------------------------
-    @torch.no_grad()
-    def start(self, target: Backend, inputs: PreparedInputs, target_state: DecodeState, clock) -> dict:
-        """Take the request; prepare the head now when eager (else on its first draft: `prepare`).
-        The head's bookkeeping of the target's hidden states (`observe`) runs either way."""
-        if self.planner is None:
-            self.planner = growth.TreePlanner(self.tree, self.target.device, self.target.eos_token_ids)
-        self.planner.start_sample(inputs.extra.get("max_new_tokens"), int(inputs.input_ids.shape[1]), self.eager,
-                                  inputs.extra.get("prefill_s"))
-        self.cache, self.preparation, self.known, self.num_generated = None, None, [], 0
-        self._request = (inputs, target_state, clock)
-        return self.prepare(0).as_dict() if self.eager else {}
+    @property
+    def num_text(self) -> int:
+        """Prompt text tokens (the head's positions count text tokens only)."""
+        return self.prompt_slots
 
-    @torch.no_grad()
-    def prepare(self, num_generated: int) -> Preparation:
-        """Feed the prompt's text tokens, each with the target's h at the previous sequence position
+    def _prompt_rows(self, inputs: PreparedInputs, hidden: torch.Tensor):
+        """The prompt's text tokens, each with the target's h at the previous sequence position
         (the head has no vision tower and no visual KV: nothing to prune or embed)."""
-        inputs, target_state, clock = self._request
-        t0 = clock()
-        hidden = target_state.prompt_hidden[FINAL]  # [prompt_len, hidden]
         text_idx = (~inputs.visual_mask).nonzero().flatten()
         prev = torch.cat([torch.zeros_like(hidden[:1]), hidden[:-1]])[text_idx.to(hidden.device)]
         tokens = inputs.input_ids[0, text_idx.to(inputs.input_ids.device)]
-        self.cache = DynamicCache(config=self.head.config)
-        self.cache_len = self.temp_len = self.num_fed = 0
-        self.num_text, self.last_prompt_h = len(text_idx), hidden[-1]
-        self._feed_committed(tokens, prev)
-        self._request = None
-        self.preparation = Preparation(num_generated, draft_prefill_s=clock() - t0, kept_visual_tokens=0)
-        self.planner.prepared(self.preparation.total_s)
-        return self.preparation
-
-    @torch.no_grad()
-    def propose(self, generated: list[int]) -> Draft:
-        self.num_generated = len(generated)
-        shape, plan = self.planner.next_shape(len(generated))
-        if shape is None:  # the draft policy expects no draft to pay this step
-            return Draft.empty(self.target.device, plan)
-        if self.cache is None:  # the first draft of this request: prepare the head now (lazy)
-            self.prepare(len(generated))
-        try:
-            logits, out, tail = self._catch_up(generated)
-            return self._grow(shape, plan, logits, out, tail, len(generated) - 1)
-        finally:
-            crop_cache(self.cache, self.cache_len)  # drop the tail's and the tree's temporary entries
-            self.temp_len = 0
-
-    @torch.no_grad()
-    def observe(self, verdict, scores, step=None) -> None:
-        """Record the target's true h for the pending tokens and the accepted cached nodes."""
-        p = scores.num_pending
-        if len(self.known) + p != self.num_generated:
-            raise RuntimeError(f"Sparrow bookkeeping: {len(self.known)} known hidden states + {p} pending tokens "
-                               f"!= {self.num_generated} generated tokens")
-        hidden = scores.hidden[FINAL]  # [num_pending + num_nodes, hidden]
-        self.known.extend(hidden[:p].unbind(0))
-        self.known.extend(hidden[p + node] for node in verdict.path[: verdict.num_cached])
-        if step is not None:
-            self.planner.observe(verdict, scores, step)
-
-    def estimates(self) -> dict | None:
-        return None if self.planner is None else self.planner.estimates()
-
-    # ---- head forwards ------------------------------------------------------------------------
-    def _run(self, tokens: torch.Tensor, prev: torch.Tensor, positions: torch.Tensor,
-             visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append m temporary entries; return (logits [m, vocab], head outputs [m, hidden]).
-
-        visible [m, temp_len + m]: which temporary entries each token sees (committed: all).
-        """
-        device, dtype = self.target.device, self.target.model.dtype
-        if not self.hsr:
-            prev = torch.zeros_like(prev)
-        x = self.head.project(self.embed(tokens.to(device)), prev.to(device, dtype))
-        mask = additive_mask(self.cache_len, visible, dtype, device)
-        out = self.head(x[None], positions.to(device)[None], mask, self.cache)[0]
-        self.temp_len += tokens.numel()
-        return self.target.lm_head(out), out
-
-    def _feed_committed(self, tokens: torch.Tensor, prev: torch.Tensor) -> None:
-        """Feed committed tokens (with their true previous h) into the cache for good."""
-        m = tokens.numel()
-        positions = torch.arange(self.cache_len, self.cache_len + m)
-        logits, out = self._run(tokens, prev, positions, torch.ones(m, m, dtype=torch.bool).tril())
-        self.cache_len += m
-        self.temp_len = 0
-        self.last = (logits[-1], out[-1])
-
-    def _prev_hidden(self, index: int) -> torch.Tensor:
-        """The target's h of generated token `index` (-1: the last prompt token)."""
-        return self.last_prompt_h if index < 0 else self.known[index]
-
-    def _catch_up(self, generated: list[int]) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Feed what can be fed for good, then the rest of the tail temporarily.
-
-        Returns (logits [vocab], head output [hidden]) after the root, and the number of temporary
-        tail entries (visible to every tree node).
-        """
-        stop = min(len(generated), len(self.known) + 1)  # token i needs the h of token i - 1
-        if stop > self.num_fed:
-            prev = torch.stack([self._prev_hidden(i - 1) for i in range(self.num_fed, stop)])
-            self._feed_committed(torch.tensor(generated[self.num_fed:stop]), prev)
-            self.num_fed = stop
-        logits, out = self.last
-        for i in range(stop, len(generated)):  # pending tokens after the first unknown h
-            tail = i - stop
-            visible = torch.ones(1, tail + 1, dtype=torch.bool)
-            logits, out = self._run(torch.tensor([generated[i]]), out[None], torch.tensor([self.num_text + i]),
-                                    visible)
-            logits, out = logits[0], out[0]
-        return logits, out, len(generated) - stop
-
-    def _grow(self, shape, plan, root_logits: torch.Tensor, root_out: torch.Tensor, tail: int,
-              root_index: int) -> Draft:
-        """Grow the tree; a node's h is its parent's head output (the root's included)."""
-        outs = [root_out[None]]  # row 0: the root's head output; then each fed node's, in feed order
-        root_pos = self.num_text + root_index
-
-        def feed(tokens: torch.Tensor, visible: torch.Tensor, parent_rows: torch.Tensor, depth: int) -> torch.Tensor:
-            m = tokens.numel()
-            visible = torch.cat([torch.ones(m, tail, dtype=torch.bool, device=visible.device), visible], dim=1)
-            prev = torch.cat(outs)[parent_rows + 1]
-            positions = torch.full((m,), root_pos + depth, device=tokens.device)
-            logits, out = self._run(tokens, prev, positions, visible)
-            outs.append(out)
-            return logits
-
-        return self.planner.grow(shape, plan, root_logits, feed)
+        return tokens, None, prev
 
 
 # ---- the method's factory -------------------------------------------------------------------------

@@ -1,0 +1,226 @@
+"""drafter=mtp: the checkpoint's own multi-token-prediction layer (drafters/mtp.py).
+
+Tiny random Qwen3.5 checkpoints (transformers' Qwen3_5ForConditionalGeneration, save_pretrained)
+get `mtp.*` tensors written into their safetensors in the public key layout, in the one file or
+as a second shard with an index, as the public checkpoints do. Checked:
+- loading picks every `mtp.*` key (strict), from either layout; a checkpoint without them, or
+  with a key missing, is refused with a clear error;
+- the head's forward, as the drafter runs it over a prompt with a video and then a generated token
+  and a draft token, equals an independent computation of the MTP formula
+  norm(layer(fc([rms(embed(x_{s+1})); rms(h_s)]))) at the target's positions of row s, the layer
+  run by a separate transformers text model holding the mtp.layers.0 weights;
+- method=mtp (chains, trees of width > 1, the adaptive policy) is token-identical to vanilla.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import INIT_RANGE, build_qwen3_5_checkpoint, build_qwen3_checkpoint, random_case
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
+
+from lvspec_eval.backends.base import FINAL
+from lvspec_eval.backends.loading import load_backend
+from lvspec_eval.decoding import loop, methods
+from lvspec_eval.decoding.drafters.mtp import MTPDrafter, MTPHead
+from lvspec_eval.decoding.tree import TreeConfig
+
+MAX_NEW = 12
+
+
+def public_mtp_shapes(text) -> dict[str, tuple]:
+    """The `mtp.*` keys and shapes of a dense Qwen3.5 checkpoint (one MTP layer: gated full attention
+    with q/k norms, a SwiGLU MLP; fc without bias)."""
+    h, hd, inter = text.hidden_size, text.head_dim, text.intermediate_size
+    q, kv = text.num_attention_heads * hd, text.num_key_value_heads * hd
+    layer = {"input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+             "self_attn.q_proj.weight": (2 * q, h), "self_attn.k_proj.weight": (kv, h),
+             "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
+             "self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,),
+             "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter)}
+    return {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+            "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,),
+            **{f"mtp.layers.0.{k}": v for k, v in layer.items()}}
+
+
+def layer_shapes(folder) -> dict[str, tuple]:
+    """The same keys for any target: its own full-attention layer's parameters (Qwen3-VL has no public
+    MTP; the engine tests use one to run drafter=mtp on a non-hybrid target)."""
+    text = AutoConfig.from_pretrained(folder).get_text_config()
+    h = text.hidden_size
+    backend = load_backend(str(folder))
+    kinds = getattr(text, "layer_types", None) or ["full_attention"]
+    layer = backend.text_model().layers[kinds.index("full_attention")]
+    return {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+            "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,),
+            **{f"mtp.layers.0.{k}": tuple(v.shape) for k, v in layer.state_dict().items()}}
+
+
+def random_mtp(shapes: dict[str, tuple], seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: (torch.randn(s, generator=g) * (0.3 if len(s) == 1 else INIT_RANGE)).contiguous()
+            for k, s in shapes.items()}
+
+
+def add_mtp(folder, tensors: dict[str, torch.Tensor], sharded: bool) -> None:
+    """Write `tensors` into the checkpoint at `folder`: into model.safetensors, or as a second shard
+    (the first renamed, an index written)."""
+    main = folder / "model.safetensors"
+    if not sharded:
+        save_file({**load_file(str(main)), **tensors}, str(main), metadata={"format": "pt"})
+        return
+    first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    weights = load_file(str(main))
+    main.rename(folder / first)
+    save_file(tensors, str(folder / second), metadata={"format": "pt"})
+    weight_map = {**{k: first for k in weights}, **{k: second for k in tensors}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+@pytest.fixture(scope="module")
+def mtp_targets(tmp_path_factory):
+    """Qwen3.5 targets with MTP weights (in the one file; in a second shard) and one without."""
+    root = tmp_path_factory.mktemp("mtp")
+    plain = build_qwen3_5_checkpoint(root / "plain", 64, 4, seed=11)
+    out = {"plain": plain}
+    for name, sharded, seed in (("single", False, 1), ("sharded", True, 2)):
+        folder = root / name
+        shutil.copytree(plain, folder)
+        text = AutoConfig.from_pretrained(folder).get_text_config()
+        tensors = random_mtp(public_mtp_shapes(text), seed)
+        add_mtp(folder, tensors, sharded)
+        out[name] = folder
+        out[name + "_tensors"] = tensors
+    return out
+
+
+@pytest.mark.parametrize("layout", ["single", "sharded"])
+def test_loading_picks_every_key(mtp_targets, layout):
+    backend = load_backend(str(mtp_targets[layout]))  # transformers itself leaves the mtp.* keys alone
+    written = mtp_targets[layout + "_tensors"]
+    head = MTPHead.load(backend)
+    state = head.state_dict()
+    assert {"mtp." + k for k in state} == set(written)
+    for key, value in state.items():
+        assert torch.equal(value, written["mtp." + key].to(value.dtype)), key
+    assert head.fc.bias is None
+    # the public layout is the target's own full-attention layer's
+    assert set(public_mtp_shapes(backend.model.config.get_text_config())) == set(layer_shapes(mtp_targets[layout]))
+
+
+def test_missing_mtp_weights_are_refused(mtp_targets, tmp_path):
+    plain = load_backend(str(mtp_targets["plain"]))
+    with pytest.raises(ValueError, match=r"no MTP weights \(mtp\.\* tensors\)"):
+        MTPHead.load(plain)
+    spec = methods.resolve("custom", "mtp", "exact")
+    with pytest.raises(ValueError, match="no MTP weights"):
+        methods.build(spec, methods.make_options(spec, {}), None, plain)
+    # one key short: named in the error
+    folder = tmp_path / "partial"
+    shutil.copytree(mtp_targets["plain"], folder)
+    tensors = dict(mtp_targets["single_tensors"])
+    tensors.pop("mtp.layers.0.self_attn.k_norm.weight")
+    add_mtp(folder, tensors, sharded=False)
+    with pytest.raises(ValueError, match=r"missing \['mtp.layers.0.self_attn.k_norm.weight'\]"):
+        MTPHead.load(plain, folder)
+    # another checkpoint's MTP weights can be named (mtp_checkpoint=): plain target, single's MTP
+    assert MTPHead.load(plain, mtp_targets["single"]) is not None
+    with pytest.raises(ValueError, match="unknown MTP option"):
+        methods.build(spec, methods.make_options(spec, {"mtp_chekpoint": "x"}), None, plain)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3.5's RMSNorm: x / rms(x) * (1 + w)."""
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w.float())
+
+
+def reference_mtp(backend, tensors, embeds, hidden, positions) -> torch.Tensor:
+    """norm(layer(fc([rms_e(embeds); rms_h(hidden)]))) over rows [m] at `positions` [3, 1, m], causal;
+    the layer and the output norm in a separate one-layer transformers text model (eager attention)."""
+    text = backend.model.config.get_text_config()
+    cfg = text.__class__.from_dict(text.to_dict())
+    cfg.num_hidden_layers, cfg.layer_types = 1, ["full_attention"]
+    cfg._attn_implementation = "eager"
+    model = Qwen3_5TextModel(cfg).eval()
+    state = {k[len("mtp."):]: v for k, v in tensors.items() if k.startswith("mtp.layers.")}
+    state["norm.weight"] = tensors["mtp.norm.weight"]
+    state["embed_tokens.weight"] = backend.model.get_input_embeddings().weight.detach()
+    model.load_state_dict(state, strict=True)
+    eps = text.rms_norm_eps
+    x = torch.cat([_rms(embeds, tensors["mtp.pre_fc_norm_embedding.weight"], eps),
+                   _rms(hidden, tensors["mtp.pre_fc_norm_hidden.weight"], eps)], dim=-1)
+    x = x @ tensors["mtp.fc.weight"].float().T
+    with torch.no_grad():
+        return model(inputs_embeds=x[None], position_ids=positions).last_hidden_state[0]
+
+
+def test_forward_is_the_mtp_formula(mtp_targets):
+    """Prompt (video rows included, the target's embeddings and positions), the first generated
+    token, then one draft token fed the MTP's own output one position further on."""
+    backend = load_backend(str(mtp_targets["single"]))
+    tensors = mtp_targets["single_tensors"]
+    case = random_case(3, 96)
+    inputs = backend.prepare(case.prompt, case.videos)
+    assert inputs.num_visual_tokens > 0
+    state, logits = backend.prefill(inputs, hidden_layers=(FINAL,))
+    embeds, hidden = inputs.extra["embeds"][0].clone(), state.prompt_hidden[FINAL]
+    positions = backend.prefill_positions(inputs)  # [3, 1, L]
+    g0 = int(logits.argmax())
+    drafter = MTPDrafter(MTPHead.load(backend), backend, TreeConfig("chain", depth=2))
+    drafter.start(backend, inputs, state, loop.make_clock(backend.device))
+    L = inputs.input_ids.shape[1]
+    assert drafter.cache_len == L - 1 and drafter.head.config.num_hidden_layers == 1
+    # the prompt: rows 0 .. L-2 feed tokens 1 .. L-1
+    ref = reference_mtp(backend, tensors, embeds[1:], hidden[:-1], positions[..., :-1])
+    torch.testing.assert_close(drafter.last[1], ref[-1], atol=1e-4, rtol=1e-4)
+    # + the first generated token, fed with h of the last prompt row at that row's position
+    _, out, tail = drafter._catch_up([g0])
+    assert tail == 0
+    g0_embed = backend.model.get_input_embeddings()(torch.tensor([g0]))
+    rows_e = torch.cat([embeds[1:], g0_embed])
+    rows_p = positions
+    ref = reference_mtp(backend, tensors, rows_e, hidden, rows_p)
+    torch.testing.assert_close(out, ref[-1], atol=1e-4, rtol=1e-4)
+    # + a draft token: fed the MTP's own output as h, one position further on (all three axes)
+    d1 = int(backend.lm_head(out).argmax())
+    _, out2 = drafter._run(torch.tensor([d1]), out[None], torch.tensor([drafter.prompt_slots + 1]),
+                           torch.ones(1, drafter.temp_len + 1, dtype=torch.bool))
+    d1_embed = backend.model.get_input_embeddings()(torch.tensor([d1]))
+    ref2 = reference_mtp(backend, tensors, torch.cat([rows_e, d1_embed]), torch.cat([hidden, ref[-1:]]),
+                         torch.cat([rows_p, rows_p[..., -1:] + 1], dim=-1))
+    torch.testing.assert_close(out2[0], ref2[-1], atol=1e-4, rtol=1e-4)
+
+
+# ---- through the decoding loop ---------------------------------------------------------------------
+
+def _run(backend, method, case, **options):
+    spec = methods.resolve(method)
+    drafter, verifier = methods.build(spec, methods.make_options(spec, options), None, backend)
+    return loop.generate(backend, drafter, verifier, case.prompt, case.videos, MAX_NEW), drafter
+
+
+@pytest.fixture(scope="module")
+def qwen3_vl_mtp(tmp_path_factory):
+    """A Qwen3-VL target with an MTP layer of its own kind (no public one: the engine path on a
+    non-hybrid target)."""
+    folder = build_qwen3_checkpoint(tmp_path_factory.mktemp("mtp_qwen3") / "target", 64, 3, seed=5)
+    add_mtp(folder, random_mtp(layer_shapes(folder), seed=3), sharded=True)
+    return load_backend(str(folder))
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic", "adaptive"])
+def test_mtp_is_lossless_on_qwen3_vl(qwen3_vl_mtp, tree):
+    for seed in range(2):
+        case = random_case(seed, 96)
+        ref, _ = _run(qwen3_vl_mtp, "vanilla", case)
+        options = {"tree": tree} if tree != "dynamic" else {"tree": tree, "tree_topk": 3, "tree_depth": 3}
+        out, drafter = _run(qwen3_vl_mtp, "mtp", case, **options)
+        assert out.tokens == ref.tokens, (tree, seed)
+        assert isinstance(drafter, MTPDrafter)
+        if drafter.preparation is not None:
+            assert out.stats.kept_visual_tokens == drafter.preparation.kept_visual_tokens
