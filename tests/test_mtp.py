@@ -9,7 +9,9 @@ as a second shard with an index, as the public checkpoints do. Checked:
   and a draft token, equals an independent computation of the MTP formula
   norm(layer(fc([rms(embed(x_{s+1})); rms(h_s)]))) at the target's positions of row s, the layer
   run by a separate transformers text model holding the mtp.layers.0 weights;
-- method=mtp (chains, trees of width > 1, the adaptive policy) is token-identical to vanilla.
+- method=mtp (chains, trees of width > 1, the adaptive policy) is token-identical to vanilla;
+- in the loop, with drafts accepted and committed tokens left pending, what the head has fed for
+  good is the formula over prompt + answer with the target's true hidden states and positions.
 """
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ from lvspec_eval.backends.base import FINAL
 from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.decoding import loop, methods
 from lvspec_eval.decoding.drafters.mtp import MTPDrafter, MTPHead
-from lvspec_eval.decoding.tree import TreeConfig
+from lvspec_eval.decoding.tree import TreeConfig, chain_parents
+from lvspec_eval.decoding.types import Draft, Verdict
+from lvspec_eval.decoding.verifiers.exact import ExactVerifier
 
 MAX_NEW = 12
 
@@ -198,8 +202,8 @@ def test_forward_is_the_mtp_formula(mtp_targets):
 
 # ---- through the decoding loop ---------------------------------------------------------------------
 
-def _run(backend, method, case, **options):
-    spec = methods.resolve(method)
+def _run(backend, method, case, spec=(None, None), **options):
+    spec = methods.resolve(method, *spec)
     drafter, verifier = methods.build(spec, methods.make_options(spec, options), None, backend)
     return loop.generate(backend, drafter, verifier, case.prompt, case.videos, MAX_NEW), drafter
 
@@ -222,5 +226,76 @@ def test_mtp_is_lossless_on_qwen3_vl(qwen3_vl_mtp, tree):
         out, drafter = _run(qwen3_vl_mtp, "mtp", case, **options)
         assert out.tokens == ref.tokens, (tree, seed)
         assert isinstance(drafter, MTPDrafter)
+        nodes = [step.num_draft_nodes for step in out.stats.steps]
+        if tree != "adaptive":  # a fixed tree drafts every step; dynamic's levels are 3 wide
+            assert min(nodes) > 0 and (max(nodes) > 3 if tree == "dynamic" else max(nodes) <= 8)
         if drafter.preparation is not None:
             assert out.stats.kept_visual_tokens == drafter.preparation.kept_visual_tokens
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic", "adaptive"])
+def test_mtp_is_lossless_on_qwen3_5(qwen3_5_family, mtp_targets, tree):
+    """The hybrid target (Gated DeltaNet + full attention) of the family fixtures, its MTP layer
+    read from a checkpoint of the same shape (mtp_checkpoint=)."""
+    target = qwen3_5_family.target
+    options = {"tree": tree, "mtp_checkpoint": str(mtp_targets["sharded"])}
+    if tree == "dynamic":  # width > 1
+        options.update(tree_depth=3, tree_topk=3, tree_total=8)
+    for seed in range(2):
+        case = random_case(seed, qwen3_5_family.max_side)
+        ref, _ = _run(target, "vanilla", case)
+        if tree == "chain":  # the same drafter as a custom pair
+            out, drafter = _run(target, "custom", case, spec=("mtp", "exact"), **options)
+        else:
+            out, drafter = _run(target, "mtp", case, **options)
+        assert out.tokens == ref.tokens, (tree, seed)
+        assert isinstance(drafter, MTPDrafter)
+        nodes = [step.num_draft_nodes for step in out.stats.steps]
+        if tree != "adaptive":  # a fixed tree drafts every step; dynamic's levels are 3 wide
+            assert min(nodes) > 0 and (max(nodes) > 3 if tree == "dynamic" else max(nodes) <= 8)
+
+
+class _OracleMTP(MTPDrafter):
+    """Proposes the reference continuation (so drafts get accepted); the feeding is MTP's own."""
+
+    def __init__(self, *args, reference: list[int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reference, self.tails = reference, []
+
+    def _grow(self, *args):  # (..., root_logits, root_out, tail, root_index)
+        tail, root_index = args[-2:]
+        self.tails.append(tail)
+        nxt = self.reference[root_index + 1: root_index + 4]
+        return Draft(torch.tensor(nxt, dtype=torch.long), chain_parents(len(nxt)))
+
+
+class _HalfCachedExact(ExactVerifier):
+    """Exact acceptance, but only half of the accepted path keeps its KV: the rest stays pending."""
+
+    def verify(self, draft, scores, visual_hidden=None) -> Verdict:
+        v = super().verify(draft, scores, visual_hidden)
+        return Verdict(v.tokens, v.path, len(v.path) // 2, v.kinds)
+
+
+def test_fed_rows_are_the_formula_over_prompt_and_answer(qwen3_5_family, mtp_targets):
+    target, folder = qwen3_5_family.target, mtp_targets["single"]
+    case = random_case(4, qwen3_5_family.max_side)
+    ref, _ = _run(target, "vanilla", case)
+    drafter = _OracleMTP(MTPHead.load(target, folder), target, TreeConfig("chain", depth=3), reference=ref.tokens)
+    out = loop.generate(target, drafter, _HalfCachedExact(), case.prompt, case.videos, MAX_NEW)
+    assert out.tokens == ref.tokens
+    assert sum(step.num_accepted for step in out.stats.steps) > 0 and max(drafter.tails) > 0
+    # the target's hidden states of prompt + answer, from one prefill and one forward over the answer
+    inputs = target.prepare(case.prompt, case.videos)
+    state, _ = target.prefill(inputs, hidden_layers=(FINAL,))
+    embeds, positions = inputs.extra["embeds"][0], target.prefill_positions(inputs)
+    n = drafter.num_fed  # generated tokens the head holds for good
+    answer = torch.tensor(ref.tokens[:n])
+    _, hidden = target.forward(state, answer, torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril(),
+                               hidden_layers=(FINAL,))
+    rows_e = torch.cat([embeds[1:], target.model.get_input_embeddings()(answer)])
+    rows_h = torch.cat([state.prompt_hidden[FINAL], hidden[FINAL][: n - 1]])
+    rows_p = torch.cat([positions, positions[..., -1:] + torch.arange(1, n)], dim=-1)
+    expected = reference_mtp(target, mtp_targets["single_tensors"], rows_e, rows_h, rows_p)
+    assert drafter.cache_len == len(expected)
+    torch.testing.assert_close(drafter.last[1], expected[-1], atol=1e-4, rtol=1e-4)
