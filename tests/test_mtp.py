@@ -299,3 +299,22 @@ def test_fed_rows_are_the_formula_over_prompt_and_answer(qwen3_5_family, mtp_tar
     expected = reference_mtp(target, mtp_targets["single_tensors"], rows_e, rows_h, rows_p)
     assert drafter.cache_len == len(expected)
     torch.testing.assert_close(drafter.last[1], expected[-1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tree", [{"tree": "chain", "tree_depth": 6},
+                                  {"tree": "dynamic", "tree_depth": 4, "tree_topk": 4, "tree_total": 16}])
+def test_syncs_per_step_are_few(qwen3_5_family, mtp_targets, tree, monkeypatch):
+    """The host-sync budget of tests/test_host_sync.py holds for drafter=mtp (its M-RoPE positions
+    are built on the device)."""
+    from test_host_sync import MAX_PER_STEP, per_step_counts
+
+    from lvspec_eval.decoding.runner import Runner, VideoInput
+
+    target = qwen3_5_family.target
+    runner = Runner(str(mtp_targets["plain"]), "mtp", target_backend=target,
+                    options={**tree, "mtp_checkpoint": str(mtp_targets["single"])})
+    case = random_case(5, qwen3_5_family.max_side)
+    steps, where = per_step_counts(runner, {"prompt": case.prompt, "video": VideoInput(*case.videos[0])}, monkeypatch)
+    assert steps, "no decode step ran"
+    worst = max(range(len(steps)), key=steps.__getitem__)
+    assert steps[worst] <= MAX_PER_STEP, f"{steps[worst]} syncs in one step: {where[worst]}"
