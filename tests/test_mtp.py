@@ -318,3 +318,49 @@ def test_syncs_per_step_are_few(qwen3_5_family, mtp_targets, tree, monkeypatch):
     assert steps, "no decode step ran"
     worst = max(range(len(steps)), key=steps.__getitem__)
     assert steps[worst] <= MAX_PER_STEP, f"{steps[worst]} syncs in one step: {where[worst]}"
+
+
+def test_moe_mtp_layer_loads_per_expert_keys_and_stays_lossless(tmp_path):
+    """A tiny Qwen3.5-MoE: its MTP layer is an MoE layer (router, experts, shared expert), stored one
+    expert at a time as a serving engine also accepts; loaded into transformers' fused experts."""
+    from conftest import TOKENIZER_DIR, qwen3_5_config, save_qwen3
+    from transformers import AutoTokenizer, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    cfg = qwen3_5_config(tok, 64, 4).to_dict()
+    experts, inter = 4, 32
+    text = {**cfg["text_config"], "num_experts": experts, "num_experts_per_tok": 2, "moe_intermediate_size": inter,
+            "shared_expert_intermediate_size": inter}
+    text.pop("model_type", None)
+    config = Qwen3_5MoeConfig(text_config=text, vision_config={k: v for k, v in cfg["vision_config"].items()
+                                                                if k != "model_type"},
+                              **{k: cfg[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id",
+                                                     "vision_end_token_id", "tie_word_embeddings")})
+    torch.manual_seed(13)
+    folder = tmp_path / "moe"
+    save_qwen3(Qwen3_5MoeForConditionalGeneration(config).eval(), tok, folder)
+    h = 64
+    shapes = {k: v for k, v in public_mtp_shapes(config.text_config).items() if ".mlp." not in k}
+    shapes.update({"mtp.layers.0.mlp.gate.weight": (experts, h),
+                   "mtp.layers.0.mlp.shared_expert.gate_proj.weight": (inter, h),
+                   "mtp.layers.0.mlp.shared_expert.up_proj.weight": (inter, h),
+                   "mtp.layers.0.mlp.shared_expert.down_proj.weight": (h, inter),
+                   "mtp.layers.0.mlp.shared_expert_gate.weight": (1, h)})
+    for e in range(experts):
+        shapes.update({f"mtp.layers.0.mlp.experts.{e}.gate_proj.weight": (inter, h),
+                       f"mtp.layers.0.mlp.experts.{e}.up_proj.weight": (inter, h),
+                       f"mtp.layers.0.mlp.experts.{e}.down_proj.weight": (h, inter)})
+    tensors = random_mtp(shapes, seed=4)
+    add_mtp(folder, tensors, sharded=True)
+    backend = load_backend(str(folder))
+    head = MTPHead.load(backend)
+    experts_module = head.layers[0].mlp.experts
+    for e in range(experts):  # expert e's gate rows, then its up rows; its down projection
+        key = f"mtp.layers.0.mlp.experts.{e}."
+        assert torch.equal(experts_module.gate_up_proj[e], torch.cat([tensors[key + "gate_proj.weight"],
+                                                                      tensors[key + "up_proj.weight"]]))
+        assert torch.equal(experts_module.down_proj[e], tensors[key + "down_proj.weight"])
+    case = random_case(6, 96)
+    ref, _ = _run(backend, "vanilla", case)
+    out, _ = _run(backend, "mtp", case, tree="dynamic", tree_depth=3, tree_topk=2, tree_total=6)
+    assert out.tokens == ref.tokens

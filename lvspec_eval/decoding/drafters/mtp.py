@@ -11,7 +11,8 @@ Weights (safetensors keys; `fc` has no bias):
     mtp.pre_fc_norm_hidden.weight      RMSNorm of the target's hidden state
     mtp.fc.weight                      [hidden, 2 * hidden]
     mtp.layers.0.*                     one decoder layer of the model's own kind, full attention
-                                       (Qwen3.5: gated attention, q/k norms; MLP or MoE as the model)
+                                       (Qwen3.5: gated attention, q/k norms; MLP or MoE as the model;
+                                       MoE experts fused or one at a time)
     mtp.norm.weight                    the output norm
 
 The embedding and the LM head are the target's. At a sequence row s the layer input is
@@ -126,6 +127,7 @@ class MTPHead(nn.Module):
             raise ValueError(f"drafter=mtp supports one MTP layer; the checkpoint in {folder} has "
                              f"{max(len(stored), declared)} (mtp_num_hidden_layers)")
         head = cls.for_target(backend)
+        tensors = fuse_experts(tensors, head.state_dict())
         try:
             missing, unexpected = head.load_state_dict(tensors, strict=False)
         except RuntimeError as err:  # shape mismatches
@@ -134,6 +136,23 @@ class MTPHead(nn.Module):
             raise ValueError(f"drafter=mtp: the MTP weights in {folder} do not match the target's layer: missing "
                              f"{[PREFIX + k for k in missing]}, unexpected {[PREFIX + k for k in unexpected]}")
         return head.to(backend.device, backend.model.dtype).eval()
+
+
+def fuse_experts(tensors: dict[str, torch.Tensor], expected: dict) -> dict[str, torch.Tensor]:
+    """MoE MTP layers stored one expert at a time (`...mlp.experts.<e>.gate_proj.weight`, `up_proj`,
+    `down_proj`) into the fused parameters transformers' MoE layer holds (`experts.gate_up_proj`
+    [experts, 2 * inter, hidden], gate rows first; `experts.down_proj` [experts, hidden, inter]), as
+    transformers converts the main weights at load. Other keys pass unchanged."""
+    out = dict(tensors)
+    for fused in (k for k in expected if k.endswith("experts.gate_up_proj")):
+        base = fused[: -len("gate_up_proj")]
+        num = expected[fused].shape[0]
+        names = {part: [f"{base}{e}.{part}.weight" for e in range(num)] for part in ("gate_proj", "up_proj", "down_proj")}
+        if fused in out or not all(n in out for ns in names.values() for n in ns):
+            continue
+        gate, up, down = (torch.stack([out.pop(n) for n in names[part]]) for part in ("gate_proj", "up_proj", "down_proj"))
+        out[fused], out[base + "down_proj"] = torch.cat([gate, up], dim=1), down
+    return out
 
 
 def checkpoint_folder(name: str | Path) -> Path:
