@@ -132,3 +132,27 @@ def test_temporary_forwards_need_their_layout():
     with linear_state.temporary(torch.ones(1, 1, dtype=torch.bool)):
         assert linear_state._LAYOUT.get() is not None
     assert linear_state._LAYOUT.get() is None
+
+
+def test_the_policy_times_the_state_bookkeeping_as_part_of_a_step(qwen3_5_family, make_case, monkeypatch):
+    """Rolling the linear layers forward to the accepted path happens inside the step the draft
+    policy times (verification: score, verify, commit), so its cost is weighed like the forward's."""
+    import time
+
+    from lvspec_eval.decoding import loop, methods
+
+    real_keep, pause = linear_state.keep, 0.02
+
+    def slow_keep(layer, kept, num):
+        if num:
+            time.sleep(pause)
+        return real_keep(layer, kept, num)
+
+    monkeypatch.setattr(linear_state, "keep", slow_keep)
+    spec = methods.resolve("sd_tree")
+    drafter, verifier = methods.build(spec, methods.make_options(spec, {"tree": "chain", "tree_depth": 3}),
+                                      qwen3_5_family.draft, qwen3_5_family.target)
+    case = make_case(2, qwen3_5_family.max_side)
+    out = loop.generate(qwen3_5_family.target, drafter, verifier, case.prompt, case.videos, 6)
+    linear = sum(linear_state.is_linear_layer(layer) for layer in _prefilled(qwen3_5_family, make_case, 2)[1].cache.layers)
+    assert out.stats.steps and all(step.verify_s >= linear * pause for step in out.stats.steps)

@@ -222,15 +222,18 @@ def test_the_clock_waits_for_every_cuda_device(monkeypatch):
 
 
 @pytest.mark.parametrize("method", ("vanilla", "sd_tree", "specvlm", "fly", "lvspec"))
-def test_qwen3_vl_decodes_split_over_two_devices(method, qwen3_family):
+@pytest.mark.parametrize("fixture", ("qwen3_family", "qwen3_5_family"))
+def test_qwen3_families_decode_split_over_two_devices(method, fixture, request):
     """Qwen3-VL's DeepStack features come from the tower on the first device and are added after
     layers that sit on the second (the tiny target's layers 2-3, the draft's layer 2), and its
-    pruned drafts gather them by the kept indices: the same tokens as on one device."""
+    pruned drafts gather them by the kept indices; Qwen3.5's linear-attention states and their
+    temporary entries sit with their layers on either device: the same tokens as on one device."""
     import contextlib
 
     import numpy as np
 
-    paths = [str(b.model.name_or_path) for b in (qwen3_family.target, qwen3_family.draft)]
+    family = request.getfixturevalue(fixture)
+    paths = [str(b.model.name_or_path) for b in (family.target, family.draft)]
     frames = np.random.default_rng(3).integers(0, 256, size=(4, 64, 96, 3), dtype=np.uint8)
     video = VideoInput(frames, 2.0, np.array([0, 10, 20, 30]), 20.0)
 

@@ -279,42 +279,74 @@ def test_cli_data_parallel_on_cpu(tiny_model, synthvid, tmp_path):
     assert {0, 1} <= {rank for _, rank in ranks} and {0, 1, 2} <= {doc for doc, _ in ranks}
 
 
-@pytest.fixture(scope="module")
-def qwen3_folders(tmp_path_factory) -> dict[str, Path]:
-    """A tiny random Qwen3-VL target, a smaller draft (its own tower and DeepStack), and a Sparrow
-    head trained for the target by `train-sparrow` on two short videos."""
-    from conftest import build_qwen3_checkpoint
+def _qwen_folders(root: Path, build, target_args: tuple, draft_args: tuple) -> dict[str, Path]:
+    """A tiny random target, a smaller draft (its own tower), and a Sparrow head trained for the
+    target by `train-sparrow` on two short videos."""
     from test_sparrow_any_target import VIDEOS, _train, write_mp4
 
-    root = tmp_path_factory.mktemp("qwen3")
-    target = build_qwen3_checkpoint(root / "target", 64, 3, seed=5, deepstack=2)
-    draft = build_qwen3_checkpoint(root / "draft", 32, 2, seed=6, deepstack=1)
+    target = build(root / "target", *target_args)
+    draft = build(root / "draft", *draft_args)
     for seed, (name, frames, fps, height, width) in enumerate(VIDEOS[:2]):
         write_mp4(root / "videos" / name, frames, fps, height, width, seed)
     assert _train(str(target), root / "videos", root / "head") == 0
     return {"target": target, "draft": draft, "head": root / "head"}
 
 
-QWEN3_METHOD_ARGS = {"vanilla": "", "sd_tree": "draft={draft}", "specvlm": "", "sparrow": "sparrow_head={head}",
-                     "fly": "draft={draft}", "lvspec": "draft={draft}"}
+@pytest.fixture(scope="module")
+def qwen3_folders(tmp_path_factory) -> dict[str, Path]:
+    """Qwen3-VL: the draft has its own DeepStack (after layer 1; the target's after layers 1-2)."""
+    from conftest import build_qwen3_checkpoint
+
+    return _qwen_folders(tmp_path_factory.mktemp("qwen3"), build_qwen3_checkpoint, (64, 3, 5, 2), (32, 2, 6, 1))
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_folders(tmp_path_factory) -> dict[str, Path]:
+    """Qwen3.5: target layers linear, full, linear, full; draft linear, full."""
+    from conftest import build_qwen3_5_checkpoint
+
+    return _qwen_folders(tmp_path_factory.mktemp("qwen3_5"), build_qwen3_5_checkpoint, (64, 4, 11), (32, 2, 12))
+
+
+# Exact methods run a tree of width 2 (the adaptive default may settle on chains on a CPU).
+WIDE = "tree=dynamic,tree_depth=3,tree_topk=2,tree_total=6"
+QWEN3_METHOD_ARGS = {"vanilla": "", "sd_tree": "draft={draft}," + WIDE, "specvlm": WIDE,
+                     "sparrow": "sparrow_head={head}," + WIDE, "fly": "draft={draft}", "lvspec": "draft={draft}"}
+EXACT = ("sd_tree", "specvlm", "sparrow")
+
+
+def _cli_every_method(folders: dict[str, Path], synthvid, tmp_path, method_args: dict[str, str]) -> dict:
+    """Run `lmms-eval --model lvspec` once per method; the exact ones must equal vanilla."""
+    tokens = {}
+    for method, extra in method_args.items():
+        out = tmp_path / method.replace(",", "_").replace("=", "_")
+        out.mkdir()
+        stats = out / "stats.jsonl"
+        args = f"pretrained={folders['target']},method={method},stats_path={stats}"
+        if extra:
+            args += "," + extra.format(**folders)
+        proc = run_cli(out, args, TASK, data_root=synthvid)
+        assert proc.returncode == 0 and results_files(out), method + proc.stdout[-3000:] + proc.stderr[-3000:]
+        records = read_jsonl(stats)
+        assert len(records) == 2 and all(r["error"] is None for r in records), method
+        tokens[method] = [r["tokens"] for r in records]
+    return tokens
 
 
 @pytest.mark.slow
 def test_cli_runs_every_method_on_a_tiny_qwen3_vl(qwen3_folders, synthvid, tmp_path):
     """`lmms-eval --model lvspec --model_args pretrained=<tiny qwen3-vl>,method=M --tasks synthvid_caption
     --limit 2` for every method; the exact ones token-identical to vanilla."""
-    tokens = {}
-    for method, extra in QWEN3_METHOD_ARGS.items():
-        out = tmp_path / method
-        out.mkdir()
-        stats = out / "stats.jsonl"
-        args = f"pretrained={qwen3_folders['target']},method={method},stats_path={stats}"
-        if extra:
-            args += "," + extra.format(**qwen3_folders)
-        proc = run_cli(out, args, TASK, data_root=synthvid)
-        assert proc.returncode == 0 and results_files(out), method + proc.stdout[-3000:] + proc.stderr[-3000:]
-        records = read_jsonl(stats)
-        assert len(records) == 2 and all(r["error"] is None for r in records), method
-        tokens[method] = [r["tokens"] for r in records]
-    for method in ("sd_tree", "specvlm", "sparrow"):
+    tokens = _cli_every_method(qwen3_folders, synthvid, tmp_path, QWEN3_METHOD_ARGS)
+    for method in EXACT:
+        assert tokens[method] == tokens["vanilla"], method
+
+
+@pytest.mark.slow
+def test_cli_runs_every_method_on_a_tiny_qwen3_5(qwen3_5_folders, synthvid, tmp_path):
+    """The same through lmms-eval on a tiny hybrid Qwen3.5 (Gated DeltaNet and full-attention layers):
+    every method runs, the exact ones (trees of width 2, Self-SD included) token-identical to vanilla."""
+    args = {**QWEN3_METHOD_ARGS, "sd_tree,draft=self": WIDE}
+    tokens = _cli_every_method(qwen3_5_folders, synthvid, tmp_path, args)
+    for method in (*EXACT, "sd_tree,draft=self"):
         assert tokens[method] == tokens["vanilla"], method
