@@ -498,7 +498,7 @@ def test_divergence_of_exact_methods_is_reported(runs, tmp_path):
 # ---- plots: one look per method, the Pareto front, labels apart --------------------------------------
 
 def all_figures(tmp_path, monkeypatch) -> dict[str, object]:
-    """Every plot hook on data of all six methods and a custom one; the figures by file name."""
+    """Every plot hook on data of every named method and a custom one; the figures by file name."""
     from lvspec_eval.decoding import methods
 
     names = [*methods.METHODS, "custom:model+loose"]
@@ -531,7 +531,7 @@ def test_every_plot_draws_a_method_in_its_one_colour_and_marker(tmp_path, monkey
     labels = {t.get_text(): hex_color(t.get_color()) for t in ax.texts}
     for method in labels:
         assert (style(method)["color"], style(method)["marker"]) in drawn and labels[method] == style(method)["color"]
-    assert len(labels) == 7
+    assert len(labels) == len(report_plots.METHOD_STYLES) + 1  # every named method and the custom one
     (ax,) = figs["speedup_vs_visual_tokens.png"].axes
     curves = {line.get_label(): (hex_color(line.get_color()), line.get_marker()) for line in ax.lines}
     assert all(curves[m] == (style(m)["color"], style(m)["marker"]) for m in curves if not m.startswith("_"))

@@ -51,6 +51,7 @@ METHOD_STYLES: dict[str, dict[str, str]] = {
     "sparrow": {"color": "#2ca02c", "marker": "D"},
     "fly": {"color": "#d62728", "marker": "v"},
     "lvspec": {"color": "#9467bd", "marker": "*"},
+    "mtp": {"color": "#e6ab02", "marker": "8"},
 }
 # Methods without an entry (custom:<drafter>+<verifier>, a new method): a colour and a marker
 # picked from the name's checksum, so they too stay the same from plot to plot and run to run.
