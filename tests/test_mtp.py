@@ -364,3 +364,34 @@ def test_moe_mtp_layer_loads_per_expert_keys_and_stays_lossless(tmp_path):
     ref, _ = _run(backend, "vanilla", case)
     out, _ = _run(backend, "mtp", case, tree="dynamic", tree_depth=3, tree_topk=2, tree_total=6)
     assert out.tokens == ref.tokens
+
+
+@pytest.mark.slow
+def test_cli_method_mtp_equals_vanilla(mtp_targets, tmp_path):
+    """`lmms-eval --model lvspec --model_args pretrained=<tiny Qwen3.5 with mtp.* weights>,method=mtp`
+    (a tree of width 2) answers token-identically to method=vanilla; model_args route mtp_* options."""
+    from test_plugin import TASK, read_jsonl, results_files, run_cli
+
+    from lvspec_eval.demo import tasks_data
+
+    data = tmp_path / "synthvid"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(tasks_data.ENV_DOCS, "3")
+        tasks_data.ensure(TASK, data)
+    tokens = {}
+    for method, extra in (("vanilla", ""), ("mtp", ",tree=dynamic,tree_depth=3,tree_topk=2,tree_total=6,"
+                                                    f"mtp_checkpoint={mtp_targets['sharded']}")):
+        out = tmp_path / method
+        out.mkdir()
+        stats = out / "stats.jsonl"
+        # until/video_rule/max_new_tokens given: no lmms-eval reference class is needed for the family
+        args = f"pretrained={mtp_targets['single']},method={method},stats_path={stats},until=task,video_rule=fps"
+        proc = run_cli(out, args + ",max_new_tokens=16" + extra, TASK, data_root=data)
+        assert proc.returncode == 0 and results_files(out), method + proc.stdout[-3000:] + proc.stderr[-3000:]
+        records = read_jsonl(stats)
+        assert len(records) == 2 and all(r["error"] is None for r in records), method
+        tokens[method] = [r["tokens"] for r in records]
+        if method == "mtp":  # prepared before the first step; its cache holds every video token
+            assert all(r["draft_prepared_at"] == 0 and r["kept_visual_tokens"] == r["visual_tokens"] > 0
+                       for r in records), records
+    assert tokens["mtp"] == tokens["vanilla"]
