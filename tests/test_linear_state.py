@@ -156,3 +156,20 @@ def test_the_policy_times_the_state_bookkeeping_as_part_of_a_step(qwen3_5_family
     out = loop.generate(qwen3_5_family.target, drafter, verifier, case.prompt, case.videos, 6)
     linear = sum(linear_state.is_linear_layer(layer) for layer in _prefilled(qwen3_5_family, make_case, 2)[1].cache.layers)
     assert out.stats.steps and all(step.verify_s >= linear * pause for step in out.stats.steps)
+
+
+def test_bfloat16_tree_verification_runs_and_matches_vanilla(qwen3_5_family, make_case):
+    """In bf16 (a GPU's dtype) the linear layers' temporary entries keep float32 keys, deltas and
+    decays, the convolution inputs the model's dtype: a tree of width 2 decodes vanilla's tokens."""
+    from lvspec_eval.backends.loading import load_backend
+    from lvspec_eval.decoding import loop, methods
+
+    backend = load_backend(str(qwen3_5_family.target.model.name_or_path), dtype="bfloat16")
+    case = make_case(3, qwen3_5_family.max_side)
+    tokens = {}
+    for method, options in (("vanilla", {}), ("sd_tree", {"tree": "dynamic", "tree_depth": 3, "tree_topk": 2,
+                                                          "tree_total": 6})):
+        spec = methods.resolve(method)
+        drafter, verifier = methods.build(spec, methods.make_options(spec, options), None, backend)
+        tokens[method] = loop.generate(backend, drafter, verifier, case.prompt, case.videos, 12).tokens
+    assert tokens["sd_tree"] == tokens["vanilla"] and len(tokens["vanilla"]) == 12

@@ -4,7 +4,7 @@ fixture: prefill, two-part and pruned prefill against transformers' own forward,
 Here: timestamps and the prompt text against transformers' processor code, hidden states read
 after DeepStack's addition, a draft that uses its own tower and DeepStack while Self-SD reuses the
 target's, DeepStack rows handed to exactly the part of a prefill that holds them, original frame
-indices travelling through VideoInput, the MoE text model, and Qwen3.5's refusal.
+indices travelling through VideoInput, and the MoE text model.
 """
 from __future__ import annotations
 

@@ -1,14 +1,18 @@
 """What every model family shares: the decode state, tree-masked forwards and cache operations.
 
-A family backend (qwen2_5_vl.py, qwen3_vl.py, llava_onevision.py) supplies only what differs: how a prompt
-and its video become model inputs, which positions a token at a given sequence index gets, and
-where the language model's layers are. Everything the decoding loop calls is defined here:
+A family backend (qwen2_5_vl.py, qwen3_vl.py, qwen3_5.py, llava_onevision.py) supplies only what
+differs: how a prompt and its video become model inputs, which positions a token at a given sequence
+index gets, and where the language model's layers are. Everything the decoding loop calls is defined here:
 
     state = backend.prefill(inputs)                # prompt -> cache; first token pending
     logits, hidden = backend.forward(state, ...)   # append temporary entries with a tree mask
     backend.keep(state, temp_indices)              # keep some temporary entries, drop the rest
     scores = backend.score(state, draft)           # pending + draft tree in one forward
     backend.commit(state, verdict)                 # keep the accepted path, queue the rest
+
+Layers without keys and values (Gated DeltaNet: a recurrent state) join the same contract through
+linear_state.py: a forward's tokens follow the tree in those layers too, and keep() rolls their state
+to the kept path. No method or family code sees the difference.
 
 Cache slots and positions are separate on purpose: a pruned draft (SpecVLM) holds fewer cache
 entries than the target but gives its tokens the same positions (`next_pos` counts sequence
@@ -310,7 +314,10 @@ class Backend:
         temp: how many of the first temporary entries to keep (no gather needed), or the indices
         of those to keep, in order (a list, or a long tensor already on the device). The gather
         index is built once per cache device, so layers spread over several GPUs (device_map)
-        each gather on their own device.
+        each gather on their own device. A linear-attention layer (Qwen3.5's Gated DeltaNet) holds
+        one state, not entries: what is kept must be one path from the committed tokens (as commit
+        and the drafters keep: pending tokens and a prefix of the accepted path), whose state
+        linear_state.keep re-derives.
         """
         start = state.cache_len
         index = None
