@@ -20,7 +20,12 @@ import shutil
 
 import pytest
 import torch
-from conftest import INIT_RANGE, build_qwen3_5_checkpoint, build_qwen3_checkpoint, random_case
+from conftest import (
+    INIT_RANGE,
+    build_qwen3_5_checkpoint,
+    build_qwen3_checkpoint,
+    random_case,
+)
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
@@ -324,7 +329,11 @@ def test_moe_mtp_layer_loads_per_expert_keys_and_stays_lossless(tmp_path):
     """A tiny Qwen3.5-MoE: its MTP layer is an MoE layer (router, experts, shared expert), stored one
     expert at a time as a serving engine also accepts; loaded into transformers' fused experts."""
     from conftest import TOKENIZER_DIR, qwen3_5_config, save_qwen3
-    from transformers import AutoTokenizer, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+    from transformers import (
+        AutoTokenizer,
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeForConditionalGeneration,
+    )
 
     tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
     cfg = qwen3_5_config(tok, 64, 4).to_dict()
@@ -379,8 +388,8 @@ def test_cli_method_mtp_equals_vanilla(mtp_targets, tmp_path):
         mp.setenv(tasks_data.ENV_DOCS, "3")
         tasks_data.ensure(TASK, data)
     tokens = {}
-    for method, extra in (("vanilla", ""), ("mtp", ",tree=dynamic,tree_depth=3,tree_topk=2,tree_total=6,"
-                                                    f"mtp_checkpoint={mtp_targets['sharded']}")):
+    wide = f",tree=dynamic,tree_depth=3,tree_topk=2,tree_total=6,mtp_checkpoint={mtp_targets['sharded']}"
+    for method, extra in (("vanilla", ""), ("mtp", wide)):
         out = tmp_path / method
         out.mkdir()
         stats = out / "stats.jsonl"

@@ -25,7 +25,14 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from ...backends.base import FINAL, Backend, DecodeState, PreparedInputs, additive_mask, crop_cache
+from ...backends.base import (
+    FINAL,
+    Backend,
+    DecodeState,
+    PreparedInputs,
+    additive_mask,
+    crop_cache,
+)
 from ..tree import TreeConfig
 from ..types import Draft, Preparation
 from . import growth

@@ -117,9 +117,10 @@ class MTPHead(nn.Module):
         folder = checkpoint_folder(path if path is not None else backend.model.name_or_path)
         tensors = read_mtp_tensors(folder)
         if not tensors:
-            raise ValueError(f"drafter=mtp: the checkpoint in {folder} has no MTP weights ({PREFIX}* tensors); it needs "
-                             "a checkpoint saved with its multi-token-prediction layer, as the public Qwen3.5 releases "
-                             "are (transformers' save_pretrained drops it), or mtp_checkpoint=<folder that has them>")
+            raise ValueError(f"drafter=mtp: the checkpoint in {folder} has no MTP weights ({PREFIX}* tensors); it "
+                             "needs a checkpoint saved with its multi-token-prediction layer, as the public Qwen3.5 "
+                             "releases are (transformers' save_pretrained drops it), or mtp_checkpoint=<folder that "
+                             "has them>")
         text_config = backend.model.config.get_text_config()
         stored = {int(k.split(".")[1]) for k in tensors if k.startswith("layers.")}
         declared = int(getattr(text_config, "mtp_num_hidden_layers", None) or 1)
@@ -143,14 +144,13 @@ def fuse_experts(tensors: dict[str, torch.Tensor], expected: dict) -> dict[str, 
     `down_proj`) into the fused parameters transformers' MoE layer holds (`experts.gate_up_proj`
     [experts, 2 * inter, hidden], gate rows first; `experts.down_proj` [experts, hidden, inter]), as
     transformers converts the main weights at load. Other keys pass unchanged."""
-    out = dict(tensors)
+    out, parts = dict(tensors), ("gate_proj", "up_proj", "down_proj")
     for fused in (k for k in expected if k.endswith("experts.gate_up_proj")):
         base = fused[: -len("gate_up_proj")]
-        num = expected[fused].shape[0]
-        names = {part: [f"{base}{e}.{part}.weight" for e in range(num)] for part in ("gate_proj", "up_proj", "down_proj")}
+        names = {part: [f"{base}{e}.{part}.weight" for e in range(expected[fused].shape[0])] for part in parts}
         if fused in out or not all(n in out for ns in names.values() for n in ns):
             continue
-        gate, up, down = (torch.stack([out.pop(n) for n in names[part]]) for part in ("gate_proj", "up_proj", "down_proj"))
+        gate, up, down = (torch.stack([out.pop(n) for n in names[part]]) for part in parts)
         out[fused], out[base + "down_proj"] = torch.cat([gate, up], dim=1), down
     return out
 
@@ -163,7 +163,7 @@ def checkpoint_folder(name: str | Path) -> Path:
     try:
         from huggingface_hub import snapshot_download
         return Path(snapshot_download(str(name), local_files_only=True, allow_patterns=["*.safetensors", "*.json"]))
-    except Exception as err:  # not cached, not a hub id, ...
+    except (OSError, ValueError) as err:  # not in the local cache, not a hub id
         raise ValueError(f"drafter=mtp: cannot find the checkpoint folder of {str(name)!r} ({err}); "
                          "give it with mtp_checkpoint=<folder>") from None
 
@@ -180,7 +180,7 @@ def read_mtp_tensors(folder: Path) -> dict[str, torch.Tensor]:
     tensors = {}
     for file in files:
         with safe_open(str(folder / file), framework="pt") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 (a safetensors file, not a dict)
                 if key.startswith(PREFIX):
                     tensors[key[len(PREFIX):]] = f.get_tensor(key)
     return tensors
