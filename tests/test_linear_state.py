@@ -173,3 +173,21 @@ def test_bfloat16_tree_verification_runs_and_matches_vanilla(qwen3_5_family, mak
         drafter, verifier = methods.build(spec, methods.make_options(spec, options), None, backend)
         tokens[method] = loop.generate(backend, drafter, verifier, case.prompt, case.videos, 12).tokens
     assert tokens["sd_tree"] == tokens["vanilla"] and len(tokens["vanilla"]) == 12
+
+
+def test_a_pruned_draft_keeps_its_own_recurrent_state(qwen3_5_family):
+    """SpecVLM's pruned draft prefills only the kept video rows: its linear layers never read the
+    dropped ones, and verification stays exact."""
+    import numpy as np
+
+    from lvspec_eval.decoding import loop, methods
+
+    videos = [(np.random.default_rng(3).integers(0, 256, size=(4, 64, 96, 3), dtype=np.uint8), 2.0)]
+    outs = {}
+    for method, options in (("vanilla", {}), ("specvlm", {"prune_ratio": 0.5, "tree": "chain", "tree_depth": 3})):
+        spec = methods.resolve(method)
+        drafter, verifier = methods.build(spec, methods.make_options(spec, options), qwen3_5_family.draft,
+                                          qwen3_5_family.target)
+        outs[method] = loop.generate(qwen3_5_family.target, drafter, verifier, "describe the video", videos, 12)
+    assert outs["specvlm"].stats.kept_visual_tokens < outs["specvlm"].stats.visual_tokens
+    assert outs["specvlm"].tokens == outs["vanilla"].tokens

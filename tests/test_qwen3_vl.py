@@ -174,20 +174,29 @@ def _run(backend, draft, method: str, videos, options=None, max_new=10):
     return loop.generate(backend, drafter, verifier, "describe the video", videos, max_new)
 
 
+QWEN3_FAMILIES = ("qwen3_family", "qwen3_5_family")  # Qwen3.5: the same loop over Gated DeltaNet layers
+
+
+@pytest.mark.parametrize("fixture", QWEN3_FAMILIES)
 @pytest.mark.parametrize("method,options", [
     ("fly", {"fly_entropy": float("inf"), "fly_k": 6}),  # loose rules off: a mismatch is never salvaged
     ("lvspec", {"lv_threshold": -1.0, "pst": "off", "lv_lambda": 0.0}),  # every token an anchor: strict
 ])
-def test_loose_methods_with_their_rules_off_equal_vanilla(qwen3_family, method, options):
+def test_loose_methods_with_their_rules_off_equal_vanilla(fixture, method, options, request):
+    """Exact when their rules are off: chains (FLy) and re-fed tokens roll every layer's cache back,
+    the Gated DeltaNet states of Qwen3.5 included."""
+    family = request.getfixturevalue(fixture)
     videos = [(_video(8, t=4), 2.0)]
-    want = _run(qwen3_family.target, None, "vanilla", videos).tokens
-    for draft in (qwen3_family.draft, None):
-        assert _run(qwen3_family.target, draft, method, videos, options).tokens == want
+    want = _run(family.target, None, "vanilla", videos).tokens
+    for draft in (family.draft, None):
+        assert _run(family.target, draft, method, videos, options).tokens == want
 
 
+@pytest.mark.parametrize("fixture", QWEN3_FAMILIES)
 @pytest.mark.parametrize("method", ["fly", "lvspec"])
-def test_loose_methods_run_with_their_rules_on(qwen3_family, method):
-    out = _run(qwen3_family.target, qwen3_family.draft, method, [(_video(9, t=4), 2.0)])
+def test_loose_methods_run_with_their_rules_on(fixture, method, request):
+    family = request.getfixturevalue(fixture)
+    out = _run(family.target, family.draft, method, [(_video(9, t=4), 2.0)])
     assert len(out.tokens) > 0 and len(out.kinds) == len(out.tokens)
 
 
