@@ -222,42 +222,39 @@ def qwen3_vl_mtp(tmp_path_factory):
     return load_backend(str(folder))
 
 
-@pytest.mark.parametrize("tree", ["chain", "dynamic", "adaptive"])
-def test_mtp_is_lossless_on_qwen3_vl(qwen3_vl_mtp, tree):
-    for seed in range(2):
-        case = random_case(seed, 96)
-        ref, _ = _run(qwen3_vl_mtp, "vanilla", case)
-        options = {"tree": tree} if tree != "dynamic" else {"tree": tree, "tree_topk": 3, "tree_depth": 3}
-        out, drafter = _run(qwen3_vl_mtp, "mtp", case, **options)
-        assert out.tokens == ref.tokens, (tree, seed)
-        assert isinstance(drafter, MTPDrafter)
-        nodes = [step.num_draft_nodes for step in out.stats.steps]
-        if tree != "adaptive":  # a fixed tree drafts every step; dynamic's levels are 3 wide
-            assert min(nodes) > 0 and (max(nodes) > 3 if tree == "dynamic" else max(nodes) <= 8)
-        if drafter.preparation is not None:
-            assert out.stats.kept_visual_tokens == drafter.preparation.kept_visual_tokens
-
-
-@pytest.mark.parametrize("tree", ["chain", "dynamic", "adaptive"])
-def test_mtp_is_lossless_on_qwen3_5(qwen3_5_family, mtp_targets, tree):
-    """The hybrid target (Gated DeltaNet + full attention) of the family fixtures, its MTP layer
-    read from a checkpoint of the same shape (mtp_checkpoint=)."""
-    target = qwen3_5_family.target
-    options = {"tree": tree, "mtp_checkpoint": str(mtp_targets["sharded"])}
+def _check_lossless(target, tree: str, max_side: int, extra: dict, custom_chain: bool = False) -> None:
+    """drafter=mtp gives vanilla's tokens on two random cases; a fixed tree drafts every step, a
+    dynamic one 3 wide. custom_chain: run the chain as method=custom,drafter=mtp,verifier=exact."""
+    options = {"tree": tree, **extra}
     if tree == "dynamic":  # width > 1
         options.update(tree_depth=3, tree_topk=3, tree_total=8)
     for seed in range(2):
-        case = random_case(seed, qwen3_5_family.max_side)
+        case = random_case(seed, max_side)
         ref, _ = _run(target, "vanilla", case)
-        if tree == "chain":  # the same drafter as a custom pair
+        if tree == "chain" and custom_chain:
             out, drafter = _run(target, "custom", case, spec=("mtp", "exact"), **options)
         else:
             out, drafter = _run(target, "mtp", case, **options)
         assert out.tokens == ref.tokens, (tree, seed)
         assert isinstance(drafter, MTPDrafter)
         nodes = [step.num_draft_nodes for step in out.stats.steps]
-        if tree != "adaptive":  # a fixed tree drafts every step; dynamic's levels are 3 wide
+        if tree != "adaptive":
             assert min(nodes) > 0 and (max(nodes) > 3 if tree == "dynamic" else max(nodes) <= 8)
+        if drafter.preparation is not None:
+            assert out.stats.kept_visual_tokens == drafter.preparation.kept_visual_tokens
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic", "adaptive"])
+def test_mtp_is_lossless_on_qwen3_vl(qwen3_vl_mtp, tree):
+    _check_lossless(qwen3_vl_mtp, tree, 96, {})
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic", "adaptive"])
+def test_mtp_is_lossless_on_qwen3_5(qwen3_5_family, mtp_targets, tree):
+    """The hybrid target (Gated DeltaNet + full attention) of the family fixtures, its MTP layer
+    read from a checkpoint of the same shape (mtp_checkpoint=)."""
+    _check_lossless(qwen3_5_family.target, tree, qwen3_5_family.max_side,
+                    {"mtp_checkpoint": str(mtp_targets["sharded"])}, custom_chain=True)
 
 
 class _OracleMTP(MTPDrafter):
