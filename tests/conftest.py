@@ -276,7 +276,8 @@ def qwen3_5_family(tmp_path_factory) -> Family:
     return Family("qwen3_5", target, draft, _qwen3_hf_kwargs, max_side=96)
 
 
-FAMILY_FIXTURES = {"qwen2_5_vl": "qwen_family", "llava_onevision": "llava_family", "qwen3_vl": "qwen3_family"}
+FAMILY_FIXTURES = {"qwen2_5_vl": "qwen_family", "llava_onevision": "llava_family", "qwen3_vl": "qwen3_family",
+                   "qwen3_5": "qwen3_5_family"}
 
 
 @pytest.fixture(params=list(FAMILY_FIXTURES))

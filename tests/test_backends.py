@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers.models.llava_onevision.image_processing_pil_llava_onevision import LlavaOnevisionImageProcessorPil
 
+from lvspec_eval.backends import linear_state
 from lvspec_eval.backends.base import additive_mask
 from lvspec_eval.backends.llava_onevision import LlavaOnevisionBackend
 from lvspec_eval.backends.siglip_vision import SiglipPreprocessConfig, num_video_tokens, preprocess_video
@@ -93,11 +94,12 @@ def test_keep_compacts_selected_entries(family, make_case):
     base, pos = state.cache_len, state.next_pos
     n = 5
     backend.forward(state, torch.arange(30, 30 + n), torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril())
-    before = [(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers]
-    chosen = [1, 3, 4]
+    kv_layers = [layer for layer in state.cache.layers if getattr(layer, "keys", None) is not None]
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in kv_layers]
+    chosen = [1, 3, 4]  # not one path: KV layers only (a linear-attention layer keeps a path: test_linear_state)
     backend.keep(state, chosen)
     idx = torch.tensor([base + i for i in chosen])
-    for (keys, values), layer in zip(before, state.cache.layers):
+    for (keys, values), layer in zip(before, kv_layers):
         assert layer.keys.shape[-2] == base + len(chosen)
         torch.testing.assert_close(layer.keys[:, :, :base], keys[:, :, :base], atol=0, rtol=0)
         torch.testing.assert_close(layer.keys[:, :, base:], keys.index_select(2, idx), atol=0, rtol=0)
@@ -152,7 +154,9 @@ def _hf_deepstack(backend, inputs, length: int) -> dict:
 def _masked_full_logits(backend, inputs, dropped: torch.Tensor, extra: list[int]) -> torch.Tensor:
     """Reference for a pruned prefill: the full sequence, dropped positions hidden from all later
     queries (each still sees itself so its row stays finite), original positions everywhere, and
-    (Qwen3-VL) transformers' own DeepStack features on every video row."""
+    (Qwen3-VL) transformers' own DeepStack features on every video row. A recurrent (linear-attention)
+    layer cannot hide a token it has read: for a hybrid model (Qwen3.5) the dropped rows are left
+    out of the sequence instead, the others keeping their original positions."""
     embeds = backend.input_embeds(inputs)
     positions = backend.prefill_positions(inputs)
     if extra:
@@ -161,6 +165,12 @@ def _masked_full_logits(backend, inputs, dropped: torch.Tensor, extra: list[int]
         positions = torch.cat([positions, backend.position_ids(backend.init_extra(inputs),
                                                                torch.arange(n, n + len(extra)))], dim=-1)
     length = embeds.shape[1]
+    if any(linear_state.is_gated_deltanet(m) for m in backend.text_model().modules()):
+        kept = torch.ones(length, dtype=torch.bool)
+        kept[dropped] = False
+        with torch.no_grad():
+            out = backend.text_model()(inputs_embeds=embeds[:, kept], position_ids=positions[..., kept])
+        return backend.lm_head(out.last_hidden_state[:, -1])[0]
     visible = torch.ones(length, length, dtype=torch.bool).tril()
     visible[:, dropped] = False
     visible |= torch.eye(length, dtype=torch.bool)

@@ -31,7 +31,7 @@ TREES = {
 }
 METHODS = ("sd_tree", "specvlm")
 DRAFTS = ("std", "self")  # std: the family's separate small draft; self: draft=None (the target)
-FAMILIES = ("qwen2_5_vl", "llava_onevision", "qwen3_vl")
+FAMILIES = ("qwen2_5_vl", "llava_onevision", "qwen3_vl", "qwen3_5")
 
 _vanilla_cache: dict[tuple[str, int, int], list[int]] = {}
 

@@ -208,6 +208,8 @@ def test_bf16_head_keeps_the_targets_rotary_angles(family, tmp_path):
     assert head.fc.weight.dtype == head.layer.self_attn.q_proj.weight.dtype == torch.bfloat16
     assert [b.dtype for b in head.buffers()] == [torch.float32] * len(list(head.buffers())) != []
     target_freq = bf16.text_model().rotary_emb.inv_freq
+    if target_freq.shape != head.rotary.inv_freq.shape:  # a partial-rotary target (Qwen3.5): the head rotates whole heads
+        target_freq = SparrowHead.for_target(family.target).rotary.inv_freq
     assert target_freq.dtype == torch.float32 and torch.equal(head.rotary.inv_freq, target_freq)
     positions = torch.tensor([[0, 7, 500, 2000, 4000]])
     cos, sin = head.rotary(torch.zeros(1, dtype=torch.bfloat16), positions)  # [1, 5, head_dim] bf16

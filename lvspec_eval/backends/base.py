@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from ..decoding import tree
-from . import attention
+from . import attention, linear_state
 from ..decoding.types import Draft, Scores, Verdict
 
 FINAL = -1  # hidden-layer key for the final normalised hidden state (what the LM head reads)
@@ -94,9 +94,10 @@ def run_prompt(text_model, embeds: torch.Tensor, positions: torch.Tensor, cache:
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:
-    """Keep the first `length` entries of every layer (DynamicCache.crop wants a negative count)."""
+    """Keep the first `length` entries of every KV layer (DynamicCache.crop wants a negative count);
+    linear-attention layers hold no entries to crop (their temporary tokens: linear_state.keep)."""
     for layer in cache.layers:
-        if layer.keys is not None and layer.keys.shape[-2] > length:
+        if getattr(layer, "keys", None) is not None and layer.keys.shape[-2] > length:
             layer.keys = layer.keys[:, :, :length]
             layer.values = layer.values[:, :, :length]
 
@@ -296,7 +297,8 @@ class Backend:
             visible = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()
         mask = None if visible is None else additive_mask(state.cache_len, visible, self.model.dtype, self.device)
         positions = self.position_ids(state.extra, state.next_pos + pos_offsets.to(self.device))
-        with self.capture_hidden(hidden_layers) as hidden:
+        ancestors = visible if visible is not None else torch.ones(1, 1, dtype=torch.bool, device=self.device)
+        with self.capture_hidden(hidden_layers) as hidden, linear_state.temporary(ancestors):
             out = self.text_model()(input_ids=tokens.view(1, -1).to(self.device), position_ids=positions,
                                     attention_mask=mask, cache=state.cache, use_cache=True)
         state.temp_len += m
@@ -311,6 +313,7 @@ class Backend:
         each gather on their own device.
         """
         start = state.cache_len
+        index = None
         if isinstance(temp, int):
             num = temp
         else:
@@ -318,7 +321,7 @@ class Backend:
             num = index.numel()
             per_device: dict[torch.device, torch.Tensor] = {}
             for layer in state.cache.layers:
-                if layer.keys is None:
+                if getattr(layer, "keys", None) is None:
                     continue
                 dev = layer.keys.device
                 if dev not in per_device:
@@ -326,6 +329,9 @@ class Backend:
                 dst = slice(start, start + num)
                 layer.keys[:, :, dst] = layer.keys.index_select(2, per_device[dev])
                 layer.values[:, :, dst] = layer.values.index_select(2, per_device[dev])
+        for layer in state.cache.layers:
+            if linear_state.is_linear_layer(layer):
+                linear_state.keep(layer, index, num)  # the kept entries are one path: its state
         crop_cache(state.cache, start + num)
         state.cache_len = start + num
         state.next_pos += num

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from . import attention
+from . import attention, linear_state
 from .base import Backend
 from .frame_rules import check_rule
 from .chat_template import load_tokenizer
@@ -128,6 +128,7 @@ def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_im
     # The vision tower keeps the kernel it was loaded with; the language model's attention routes
     # tree-masked forwards to a path that honours the mask (attention.py).
     attention.install(model)
+    linear_state.install(model)  # Gated DeltaNet layers (Qwen3.5) follow draft trees and roll back
     tokenizer = load_tokenizer(path)  # with the processor's chat template (chat_template.json) if it has one
     overrides = _preprocess_overrides(path, video_rule, min_pixels=min_pixels, max_pixels=max_pixels)
     return families[config.model_type].from_pretrained_parts(model, tokenizer, model.device, overrides)

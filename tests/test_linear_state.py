@@ -1,0 +1,134 @@
+"""Gated DeltaNet layers in the cache contract (backends/linear_state.py), on a tiny Qwen3.5.
+
+The reference is transformers' own code: each path of a draft tree decoded alone, one token at a
+time, through the model's own forward (its recurrent gated delta rule and in-place convolution
+update) on a copy of the committed cache. A tree forward must give every node the logits its path
+gives alone, and `keep` of any path must leave the cache in the state that path leaves it in.
+"""
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+from lvspec_eval.backends import linear_state
+from lvspec_eval.decoding import tree
+
+ATOL = 2e-4  # fp32: a parallel solve against a sequential recurrence
+
+
+def _prefilled(family, make_case, seed):
+    backend = family.target
+    case = make_case(seed, family.max_side, with_video=seed % 3 != 2)
+    inputs = backend.prepare(case.prompt, case.videos)
+    state, logits = backend.prefill(inputs)
+    state.pending = [int(logits.argmax())]
+    return backend, state
+
+
+def _random_tree(rng: random.Random, n: int, vocab: int) -> tuple[list[int], list[int]]:
+    """n nodes, each hanging off the root or an earlier node (parents before children)."""
+    parents = [-1] + [rng.randint(-1, i - 1) for i in range(1, n)]
+    return [rng.randrange(vocab) for _ in range(n)], parents
+
+
+def _alone(backend, state, tokens: list[int]) -> tuple[list[torch.Tensor], object]:
+    """transformers' own forward, one token at a time from a copy of the committed cache: the logits
+    after each token and the cache after the last."""
+    cache = copy.deepcopy(state.cache)
+    logits = []
+    for i, token in enumerate(tokens):
+        positions = backend.position_ids(state.extra, torch.tensor([state.next_pos + i]))
+        out = backend.text_model()(input_ids=torch.tensor([[token]]), position_ids=positions, cache=cache,
+                                   use_cache=True)
+        logits.append(backend.lm_head(out.last_hidden_state[0, -1]))
+    return logits, cache
+
+
+def _linear_layers(cache):
+    return [layer for layer in cache.layers if linear_state.is_linear_layer(layer)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_forward_gives_each_node_its_path_alone(qwen3_5_family, make_case, seed):
+    backend, committed = _prefilled(qwen3_5_family, make_case, seed)
+    state = copy.deepcopy(committed)
+    rng = random.Random(seed)
+    tokens, parents = _random_tree(rng, 9, backend.model.config.get_text_config().vocab_size)
+    offsets, visible = tree.pending_and_tree_layout(1, torch.tensor(parents))
+    logits, _ = backend.forward(state, torch.tensor(state.pending + tokens), offsets, visible)
+    state = committed  # the references start from the committed cache
+    root_alone, _ = _alone(backend, state, state.pending)
+    torch.testing.assert_close(logits[0], root_alone[0], atol=ATOL, rtol=0)
+    for node in range(len(tokens)):
+        path = tree.path_to(node, parents)
+        alone, _ = _alone(backend, state, state.pending + [tokens[i] for i in path])
+        torch.testing.assert_close(logits[1 + node], alone[-1], atol=ATOL, rtol=0,
+                                   msg=lambda m, node=node: f"node {node} (path {path}): {m}")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_keep_rolls_back_to_any_path(qwen3_5_family, make_case, seed):
+    """After scoring a tree, keep the pending token and one root-to-node path: the linear layers'
+    states and the next logits are those of that path decoded alone."""
+    backend, committed = _prefilled(qwen3_5_family, make_case, seed)
+    rng = random.Random(100 + seed)
+    tokens, parents = _random_tree(rng, 8, backend.model.config.get_text_config().vocab_size)
+    for node in range(len(tokens)):
+        state = copy.deepcopy(committed)
+        offsets, visible = tree.pending_and_tree_layout(1, torch.tensor(parents))
+        backend.forward(state, torch.tensor(state.pending + tokens), offsets, visible)
+        path = tree.path_to(node, parents)
+        backend.keep(state, [0] + [1 + i for i in path])
+        seq = committed.pending + [tokens[i] for i in path]
+        _, cache = _alone(backend, committed, seq)
+        for ours, theirs in zip(_linear_layers(state.cache), _linear_layers(cache)):
+            torch.testing.assert_close(ours.recurrent_states[0], theirs.recurrent_states[0], atol=ATOL, rtol=0)
+            torch.testing.assert_close(ours.conv_states[0], theirs.conv_states[0], atol=ATOL, rtol=0)
+        nxt = rng.randrange(100)
+        logits, _ = backend.forward(state, torch.tensor([nxt]), torch.zeros(1, dtype=torch.long), None)
+        alone, _ = _alone(backend, committed, seq + [nxt])
+        torch.testing.assert_close(logits[0], alone[-1], atol=ATOL, rtol=0)
+
+
+def test_keep_nothing_leaves_the_committed_state(qwen3_5_family, make_case):
+    backend, state = _prefilled(qwen3_5_family, make_case, 0)
+    before = [(l.recurrent_states[0].clone(), l.conv_states[0].clone()) for l in _linear_layers(state.cache)]
+    backend.forward(state, torch.tensor(state.pending + [5, 6, 7]), torch.arange(4), None)
+    backend.keep(state, 0)
+    for (rec, conv), layer in zip(before, _linear_layers(state.cache)):
+        assert torch.equal(rec, layer.recurrent_states[0]) and torch.equal(conv, layer.conv_states[0])
+
+
+def test_a_tree_fed_level_by_level_equals_it_fed_at_once(qwen3_5_family, make_case):
+    """A drafter feeds its tree one level per forward, each level seeing the earlier ones as
+    temporary entries: the linear layers build on those entries' deltas."""
+    backend, committed = _prefilled(qwen3_5_family, make_case, 1)
+    parents = [-1, -1, 0, 0, 1, 2, 2, 4]
+    tokens = [11, 22, 33, 44, 55, 66, 77, 88]
+    depth = tree.depths(torch.tensor(parents)).tolist()
+    at_once = copy.deepcopy(committed)
+    whole, _ = backend.forward(at_once, torch.tensor(tokens), torch.tensor(depth) - 1,
+                               tree.ancestor_mask(torch.tensor(parents)))
+    levels = copy.deepcopy(committed)
+    anc = tree.ancestor_mask(torch.tensor(parents))
+    rows = []
+    for d in sorted(set(depth)):
+        nodes = [i for i in range(len(tokens)) if depth[i] == d]
+        fed = [i for i in range(len(tokens)) if depth[i] < d] + nodes
+        visible = anc[nodes][:, fed]
+        logits, _ = backend.forward(levels, torch.tensor([tokens[i] for i in nodes]),
+                                    torch.full((len(nodes),), d - 1), visible)
+        rows += list(zip(nodes, logits))
+    for node, logits in rows:
+        torch.testing.assert_close(logits, whole[node], atol=ATOL, rtol=0)
+
+
+def test_temporary_forwards_need_their_layout():
+    """Outside `temporary`, a wrapped layer runs transformers' own forward (prefills)."""
+    assert linear_state._LAYOUT.get() is None
+    with linear_state.temporary(torch.ones(1, 1, dtype=torch.bool)):
+        assert linear_state._LAYOUT.get() is not None
+    assert linear_state._LAYOUT.get() is None
