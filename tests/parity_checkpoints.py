@@ -166,6 +166,7 @@ def build_qwen3_5(path: Path, moe: bool = False) -> None:
     save_qwen3(model, tok, path, QWEN3_5_TEMPLATE)
 
 
+
 # LLaVA-OneVision's public processor template (transformers' own LLaVA-OneVision processor tests use it)
 LLAVA_ONEVISION_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}{# Render all images first #}"

@@ -53,6 +53,7 @@ class FamilyCase:
     context: str = "what colour is the ball"  # the simple interface's doc_to_text
     kept: callable = lambda frames, interface: frames  # which of the frames decord read the class keeps
     chat_system: bool = True  # the chat doc carries its own system turn (a template may refuse a second one)
+    class_dtype: str | None = None  # load the class's model in this dtype instead of the one it forces
 
 
 def qwen_kept(frames: np.ndarray, interface: str) -> np.ndarray:
@@ -89,8 +90,12 @@ FAMILIES = {
     "qwen3_vl": FamilyCase("build_qwen3_vl", QWEN3_CLASSES, "bfloat16", qwen_pixels, "<image>what colour is the ball"),
     # bfloat16 forced too; 2 frames per second, 64 to 768 tokens a frame; Qwen3.5's template refuses a system
     # turn after the class's own, so the chat doc has none
-    "qwen3_5": FamilyCase("build_qwen3_5", QWEN3_5_CLASSES, "bfloat16", qwen_pixels, "<image>what colour is the ball",
-                          chat_system=False),
+    # in float32 on both sides: transformers decodes the Gated DeltaNet layers step by step (its recurrent
+    # kernel), the engine in the chunk form of backends/linear_state.py, and in bfloat16 the two round
+    # differently (on this tiny random model the greedy tokens part after about 20); frames, pixel values
+    # (compared before the model's cast), input ids and positions do not depend on the dtype
+    "qwen3_5": FamilyCase("build_qwen3_5", QWEN3_5_CLASSES, "float32", qwen_pixels, "<image>what colour is the ball",
+                          chat_system=False, class_dtype="float32"),
 }
 CASES = [(f, i) for f, case in FAMILIES.items() for i in case.classes]
 
@@ -201,9 +206,10 @@ def compare(family: str, interface: str, checkpoints, parity_deps, video_file, t
     module, name, extra = case.classes[interface]
     spec = {"deps": str(parity_deps), "family": family, "kind": interface, "checkpoint": str(checkpoints[family]),
             "reference": [module, name, {**extra, **(class_args or {})}],
-            "out": str(tmp_path / "reference.pt"), "gen_kwargs": gen_kwargs, "doc": doc}
+            "out": str(tmp_path / "reference.pt"), "gen_kwargs": gen_kwargs, "doc": doc, "dtype": case.class_dtype}
     run_reference(spec, tmp_path)
     ref = torch.load(tmp_path / "reference.pt", weights_only=False)
+    assert ref["dtype"] == f"torch.{case.class_dtype or case.dtype}"
     ours = run_ours(interface, checkpoints[family], doc, gen_kwargs, case.dtype, **our_args)
     hf, inputs = ref["generate_kwargs"], ours["inputs"]
 
@@ -226,7 +232,9 @@ def compare(family: str, interface: str, checkpoints, parity_deps, video_file, t
     expected = new[: new.index(eos)] if eos in new else new
     mine = ours["generation"].tokens
     # a class that ignores `until` gives every token; qwen's simple class cuts the text, where we stop
-    assert mine == expected if ours["rules"].until == "ignore" else mine == expected[: len(mine)]
+    if ours["rules"].until != "ignore":
+        expected = expected[: len(mine)]
+    assert mine == expected
     assert ours["text"] == ref["text"]
     return ref, ours
 
@@ -238,7 +246,7 @@ def test_vanilla_matches_lmms_eval_class(family, interface, checkpoints, parity_
 
 def prompt_tail(record: dict) -> str:
     tokenizer = record["backend"].tokenizer
-    return tokenizer.decode(record["inputs"].input_ids[0, -12:].tolist())
+    return tokenizer.decode(record["inputs"].input_ids[0].tolist())
 
 
 def test_qwen3_5_thinks_by_default_as_lmms_evals_class(checkpoints, parity_deps, video_file, tmp_path):
