@@ -182,3 +182,34 @@ def test_moe_text_model_stays_lossless(moe_backend, method):
     want = _generate(moe_backend, "vanilla", videos, 10).tokens
     got = _generate(moe_backend, method, videos, 10, {"tree": "chain", "tree_depth": 3}).tokens
     assert got == want and len(want) > 0
+
+
+# ---- dry-run: tokens and the hybrid cache ----------------------------------------------------------
+
+def test_dry_run_counts_a_qwen3_5_prompt_and_its_fixed_state(qwen3_5_family, capsys, tmp_path):
+    """dry-run loads a Qwen3.5 folder (no refusal), counts the tokens a loaded backend gets under the
+    qwen3_5 class's rule, and prints the KV of the attention layers beside the linear layers' fixed state."""
+    from test_failures import dry_run
+    from test_sparrow_any_target import write_mp4
+
+    from lvspec_eval.measure.cache_memory import cache_memory
+    from lvspec_eval.models.video import load_video
+
+    folder = str(qwen3_5_family.target.model.name_or_path)
+    video = tmp_path / "v.mp4"
+    write_mp4(video, 40, 12.5, 64, 96, seed=1)  # 3.2 s: 6 frames at 2 per second
+    code, out = dry_run(capsys, f"pretrained={folder},method=sd_tree,draft=self", str(video))
+    line = next(l for l in out.splitlines() if "chat template pretrained=" in l)
+    assert code == 0 and line.startswith("OK") and "renders a video" in line, out
+    backend = load_backend(folder, video_rule="lmms_eval")
+    loaded = load_video(video, plan=backend.frame_plan(None, None))
+    assert len(loaded.frames) == 6
+    inputs = backend.prepare("Describe the video.", [loaded.request()])
+    n = inputs.input_ids.shape[1]
+    assert f"{inputs.num_visual_tokens} visual tokens, {n} prompt tokens" in line
+    memory = cache_memory(backend.model.config.get_text_config(), 4)  # float32 on the CPU
+    assert (memory.full_layers, memory.linear_layers) == (2, 2)  # the fixture: linear, full, linear, full
+    assert "2 attention layers" in line and "fixed state (2 Gated DeltaNet layers)" in line
+    # the fixed state: 4 value heads x 8 x 8 in float32, and a 4-input window of 2*2*8 + 4*8 channels
+    assert memory.state == 2 * (4 * 8 * 8 * 4 + (2 * 2 * 8 + 4 * 8) * 4 * 4)
+    assert memory.kv_per_token == 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads of 16, float32
