@@ -165,7 +165,7 @@ class _LVSpecModel(lmms):
             return
         decode = self.runner.tokenizer.decode
         extra = {"max_new_tokens": max_new, "requested_temperature": settings.requested_temperature,
-                 "sampling_ignored": settings.sampling_ignored,
+                 "sampling_ignored": settings.sampling_ignored, "thinking": self.thinking,
                  "replaced_texts": [None if t is None else decode([t]) for t in generation.stats.get("replaced", [])]}
         self.stats.write(success_record(generation.stats, task=info.task, doc_id=info.doc_id, rank=self.rank,
                                         text=generation.text, token_texts=[decode([t]) for t in generation.tokens],
