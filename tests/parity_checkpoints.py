@@ -215,3 +215,8 @@ def build_llava_onevision(path: Path) -> None:
     (path / "chat_template.jinja").unlink()
     (path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
 
+
+
+def build_qwen3_5_moe(path: Path) -> None:
+    """Qwen3.5-MoE (4 experts, 2 a token, a shared expert), saved under a name lmms-eval reads as MoE."""
+    build_qwen3_5(path, moe=True)

@@ -138,6 +138,7 @@ def run(spec: dict) -> dict:
     out = lm.generate_until([request(spec)])[0]
     record["text"] = out.text if hasattr(out, "text") else out
     record["dtype"] = str(lm.model.dtype)
+    record["model_class"] = type(lm.model).__name__
     return record
 
 

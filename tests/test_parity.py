@@ -15,7 +15,8 @@ installed into the environment), and the subprocess puts that folder on its path
 module that fails, `torchvision._meta_registrations` (it registers the C operators' shapes), with an
 empty module. Everything the classes call is torchvision's own pure-Python code; decord is a real build.
 
-A new family adds one entry to FAMILIES (Qwen3-VL: lmms-eval's simple `qwen3_vl`): its checkpoint builder
+A new family adds one entry to FAMILIES (Qwen3-VL: lmms-eval's simple `qwen3_vl`; Qwen3.5: its chat and simple
+`qwen3_5`, and the simple one on a Qwen3.5-MoE checkpoint; the thinking switch: the last two tests): its checkpoint builder
 (a function in tests/parity_checkpoints.py), lmms-eval's classes, their dtype and our pixel function.
 """
 from __future__ import annotations
@@ -54,6 +55,7 @@ class FamilyCase:
     kept: callable = lambda frames, interface: frames  # which of the frames decord read the class keeps
     chat_system: bool = True  # the chat doc carries its own system turn (a template may refuse a second one)
     class_dtype: str | None = None  # load the class's model in this dtype instead of the one it forces
+    folder: str = ""  # the checkpoint's folder name (default: the family's)
 
 
 def qwen_kept(frames: np.ndarray, interface: str) -> np.ndarray:
@@ -96,6 +98,9 @@ FAMILIES = {
     # (compared before the model's cast), input ids and positions do not depend on the dtype
     "qwen3_5": FamilyCase("build_qwen3_5", QWEN3_5_CLASSES, "float32", qwen_pixels, "<image>what colour is the ball",
                           chat_system=False, class_dtype="float32"),
+    # lmms-eval's qwen3_5 class loads the MoE model class when the checkpoint's name says A<n>B (as in 35B-A3B)
+    "qwen3_5_moe": FamilyCase("build_qwen3_5_moe", {"simple": QWEN3_5_CLASSES["simple"]}, "float32", qwen_pixels,
+                              "<image>what colour is the ball", class_dtype="float32", folder="Qwen3.5-tiny-A1B"),
 }
 CASES = [(f, i) for f, case in FAMILIES.items() for i in case.classes]
 
@@ -146,7 +151,7 @@ def checkpoints(parity_deps, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("parity-checkpoints")
     out = {}
     for family in FAMILIES:
-        out[family] = root / family
+        out[family] = root / (FAMILIES[family].folder or family)
         run_reference({"deps": str(parity_deps), "build": True, "builder": FAMILIES[family].builder,
                        "checkpoint": str(out[family])}, root)
     return out
@@ -171,6 +176,16 @@ def instance(interface: str, gen_kwargs: dict, doc: dict) -> Instance:
     else:
         args = (doc["context"], dict(gen_kwargs), lambda d: [d["video"]], 0, "parity", "test")
     return Instance("generate_until", args, 0, {"task": "parity", "doc_id": 0, "repeats": 1})
+
+
+def checkpoint_model(path: Path):
+    """An empty model of the checkpoint's own class (meta device: nothing is loaded)."""
+    from lvspec_eval.backends.loading import _model_class
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        return _model_class(config.model_type)(config)
 
 
 def run_ours(interface: str, checkpoint: Path, doc: dict, gen_kwargs: dict, dtype: str, **model_args) -> dict:
@@ -210,6 +225,7 @@ def compare(family: str, interface: str, checkpoints, parity_deps, video_file, t
     run_reference(spec, tmp_path)
     ref = torch.load(tmp_path / "reference.pt", weights_only=False)
     assert ref["dtype"] == f"torch.{case.class_dtype or case.dtype}"
+    assert ref["model_class"] == type(checkpoint_model(checkpoints[family])).__name__  # e.g. the MoE class
     ours = run_ours(interface, checkpoints[family], doc, gen_kwargs, case.dtype, **our_args)
     hf, inputs = ref["generate_kwargs"], ours["inputs"]
 
