@@ -4,6 +4,7 @@
     python scripts/gpu_check.py --pretrained Qwen/Qwen2.5-VL-32B-Instruct \
         --draft Qwen/Qwen2.5-VL-7B-Instruct --device_map auto --attn flash_attention_2
     python scripts/gpu_check.py --pretrained Qwen/Qwen3-VL-8B-Instruct --draft Qwen/Qwen3-VL-2B-Instruct
+    python scripts/gpu_check.py --pretrained Qwen/Qwen3.5-27B --draft Qwen/Qwen3.5-2B  # hybrid Gated DeltaNet
 
 It runs, through lmms-eval exactly as a real run does, a few samples of the demo's synthvid_caption
 task (synthetic videos generated locally: no data download) with vanilla and each method, paired
@@ -16,6 +17,9 @@ and exits 1 when the install is not sound:
   - no exact method diverges from vanilla anywhere but at a near-tie;
   - every method that proposed draft tokens had some accepted (the draft and target agree at all).
 Speedups on a few short synthetic captions are indicative only; they are not part of the verdict.
+Qwen3.5 thinks by default, as lmms-eval's qwen3_5 class does: its answers (what follows `</think>`) may be
+empty within the task's budget; the check compares tokens, so the verdict holds (`--model_args thinking=off`
+for plain answers).
 """
 from __future__ import annotations
 

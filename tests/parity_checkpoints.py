@@ -73,8 +73,7 @@ QWEN3_VL_TEMPLATE = QWEN2_5_VL_TEMPLATE.replace(
 
 def build_qwen3_vl(path: Path) -> None:
     """Qwen3-VL: patch 16, merge 2, DeepStack after the first two of three text layers, mean/std 0.5."""
-    from transformers import (AutoTokenizer, GenerationConfig, Qwen2VLImageProcessor, Qwen3VLConfig,
-                              Qwen3VLForConditionalGeneration, Qwen3VLProcessor, Qwen3VLVideoProcessor)
+    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
     ids = tok.convert_tokens_to_ids
@@ -91,7 +90,14 @@ def build_qwen3_vl(path: Path) -> None:
                            video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
                            vision_end_token_id=ids("<|vision_end|>"), tie_word_embeddings=False,
                            initializer_range=INIT_RANGE)
-    model = Qwen3VLForConditionalGeneration(config).eval()
+    save_qwen3(Qwen3VLForConditionalGeneration(config).eval(), tok, path, QWEN3_VL_TEMPLATE)
+
+
+def save_qwen3(model, tok, path: Path, template: str) -> None:
+    """Weights, generation config and the Qwen3-VL processor files (Qwen3.5 ships the same processor)."""
+    from transformers import GenerationConfig, Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    ids = tok.convert_tokens_to_ids
     model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=[ids("<|im_end|>"), ids("<|endoftext|>")],
                                                pad_token_id=0, do_sample=False)
     model.save_pretrained(path)
@@ -100,8 +106,65 @@ def build_qwen3_vl(path: Path) -> None:
         image_processor=Qwen2VLImageProcessor(patch_size=16, merge_size=2, **mean_std,
                                               size={"shortest_edge": 65536, "longest_edge": 16777216}),
         video_processor=Qwen3VLVideoProcessor(**mean_std, size={"shortest_edge": 4096, "longest_edge": 25165824}),
-        tokenizer=tok, chat_template=QWEN3_VL_TEMPLATE)
+        tokenizer=tok, chat_template=template)
     processor.save_pretrained(path)
+
+
+# Qwen3.5's public chat template (chat_template.jinja of the Qwen3.5 checkpoints), reduced to what a video
+# question uses (no tools, no earlier assistant turns' reasoning): a system turn only first, every turn's
+# content trimmed, and the generation prompt with its thinking switch: `<think>\n` opened unless
+# enable_thinking is false, which closes an empty block instead.
+QWEN3_5_TEMPLATE = (
+    "{%- macro render(content) %}{%- if content is string %}{{- content }}{%- else %}{%- for item in content %}"
+    "{%- if item.type == 'image' or 'image' in item %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif item.type == 'video' or 'video' in item %}{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- elif 'text' in item %}{{- item.text }}{%- endif %}{%- endfor %}{%- endif %}{%- endmacro %}"
+    "{%- for message in messages %}{%- set content = render(message.content)|trim %}"
+    "{%- if message.role == 'system' and not loop.first %}{{- raise_exception('System message must be at the "
+    "beginning.') }}{%- endif %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- else %}{{- '<think>\\n' }}{%- endif %}{%- endif %}"
+)
+
+
+def qwen3_5_text(tok, hidden: int = 64, layers: int = 4) -> dict:
+    """A tiny Qwen3.5 text model: Gated DeltaNet layers, every fourth one full attention (as released),
+    partial interleaved M-RoPE (a quarter of each head), gated attention."""
+    head_dim = 16
+    return dict(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=hidden // head_dim,
+                num_key_value_heads=2, head_dim=head_dim, intermediate_size=2 * hidden, max_position_embeddings=32768,
+                linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_interleaved": True,
+                                 "mrope_section": [1, 1, 0], "partial_rotary_factor": 0.25},
+                eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=0, initializer_range=INIT_RANGE)
+
+
+def build_qwen3_5(path: Path, moe: bool = False) -> None:
+    """Qwen3.5 (dense; `moe`: Qwen3.5-MoE's sparse MLP): Qwen3-VL's vision tower without DeepStack."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    ids = tok.convert_tokens_to_ids
+    text = qwen3_5_text(tok)
+    if moe:
+        text.pop("intermediate_size")
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
+                  patch_size=16, temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16,
+                  initializer_range=INIT_RANGE)
+    name = "Qwen3_5Moe" if moe else "Qwen3_5"
+    config = getattr(transformers, f"{name}Config")(
+        text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=False, initializer_range=INIT_RANGE)
+    model = getattr(transformers, f"{name}ForConditionalGeneration")(config).eval()
+    save_qwen3(model, tok, path, QWEN3_5_TEMPLATE)
+
 
 
 # LLaVA-OneVision's public processor template (transformers' own LLaVA-OneVision processor tests use it)
@@ -152,3 +215,8 @@ def build_llava_onevision(path: Path) -> None:
     (path / "chat_template.jinja").unlink()
     (path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
 
+
+
+def build_qwen3_5_moe(path: Path) -> None:
+    """Qwen3.5-MoE (4 experts, 2 a token, a shared expert), saved under a name lmms-eval reads as MoE."""
+    build_qwen3_5(path, moe=True)

@@ -254,3 +254,52 @@ def test_cost_out_folder_still_works(tmp_path):
     assert cm.main([*TINY_CLI, "--no-cost-plot", "--cost-out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "cost_model.json").read_text())["rows"]
     assert (tmp_path / "cost_model.md").is_file() and not (tmp_path / "cost_model.png").exists()
+
+
+# ---- Qwen3.5: hybrid layers, MoE --------------------------------------------------------------------
+
+def test_qwen3_5_sizes_and_their_cache():
+    """The public Qwen3.5 shapes at full scale: 3 of 4 layers Gated DeltaNet, whose state does not grow."""
+    from lvspec_eval.measure.cache_memory import cache_memory
+
+    big = cm.shrink(cm.ARCHITECTURES["qwen3.5-27b"], cm.Scale())
+    assert (big["hidden"], big["layers"], big["heads"], big["kv_heads"], big["linear_v_heads"], big["vocab"]) == \
+        (5120, 64, 24, 4, 48, 248320)
+    text = cm.model_config(big).get_text_config()
+    assert text.layer_types.count("linear_attention") == 48 and text.layer_types[3] == "full_attention"
+    assert text.rope_parameters["mrope_section"] == [11, 11, 10]  # 32 of 256 per half: a quarter rotated
+    memory = cache_memory(text)
+    assert memory.kv_per_token == 2 * 16 * 4 * 256 * 2  # 64 KiB a token: only the 16 attention layers
+    assert memory.state == 48 * (48 * 128 * 128 * 4 + (2 * 16 * 128 + 48 * 128) * 4 * 2)  # ~148 MiB, any length
+    dense = cache_memory(cm.model_config(cm.shrink(cm.ARCHITECTURES["qwen3-vl-32b"], cm.Scale())).get_text_config())
+    assert (dense.linear_layers, dense.state, dense.kv_per_token) == (0, 0, 2 * 64 * 8 * 128 * 2)
+    moe = cm.ARCHITECTURES["qwen3.5-35b-a3b"]
+    assert cm.model_class(moe) == "Qwen3_5MoeForConditionalGeneration"
+    moe_text = cm.model_config(cm.shrink(moe, cm.Scale())).get_text_config()
+    assert (moe_text.num_experts, moe_text.num_experts_per_tok, moe_text.moe_intermediate_size) == (256, 8, 512)
+
+
+def test_shrunk_qwen3_5_keeps_an_attention_layer_and_its_head_ratio():
+    arch = cm.shrink(cm.ARCHITECTURES["qwen3.5-27b"], cm.Scale(width=0.125, max_layers=2))
+    assert arch["linear_v_heads"] == 3 * arch["linear_k_heads"] and (arch["layers"], arch["real_layers"]) == (2, 64)
+    kinds = cm.text_config(arch)["layer_types"]
+    assert kinds == ["linear_attention", "full_attention"]
+    assert cm.text_config(cm.shrink(cm.ARCHITECTURES["qwen3.5-27b"], cm.Scale(max_layers=8)))["layer_types"] == \
+        ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
+
+
+def test_tiny_qwen3_5_pairs_are_timed_through_the_hybrid_cache():
+    """Both Qwen3.5 pairs (a dense target, an MoE target; a dense draft) run every drafter; the targets'
+    linear layers go through the engine's linear-attention path (installed as load_backend does)."""
+    from lvspec_eval.backends import linear_state
+
+    torch.set_num_threads(1)
+    arch = cm.shrink(cm.ARCHITECTURES["qwen3.5-35b-a3b"], TINY)
+    backend = cm.build_backend(arch, tiny_config())
+    assert type(backend.model).__name__ == "Qwen3_5MoeForConditionalGeneration"
+    assert isinstance(backend, cm.SyntheticQwen3_5) and linear_state.install(backend.model) == 0  # already there
+    result = cm.run_cost_model(tiny_config(pairs=("qwen3.5-27b/2b", "qwen3.5-35b-a3b/2b")), log=lambda _msg: None)
+    rows = result["rows"]
+    assert {r["pair"] for r in rows} == {"qwen3.5-27b/2b", "qwen3.5-35b-a3b/2b"}
+    assert {r["drafter"] for r in rows} == set(cm.DRAFTERS)
+    assert all(r["verify_ms"] > 0 and r["draft_tree_ms"] > 0 and r["target_step_ms"] > 0 for r in rows)

@@ -98,11 +98,16 @@ def chat_messages(prompt: str | list[dict], num_videos: int) -> list[dict]:
     return prompt
 
 
+def render_text(tokenizer, prompt: str | list[dict], num_videos: int, **template_kwargs) -> RenderedPrompt:
+    """The request rendered with the checkpoint's chat template, generation prompt added; template_kwargs
+    go to the template (e.g. enable_thinking). A RenderedPrompt is returned as it is."""
+    if isinstance(prompt, RenderedPrompt):
+        return prompt
+    return RenderedPrompt(tokenizer.apply_chat_template(chat_messages(prompt, num_videos), add_generation_prompt=True,
+                                                        tokenize=False, **template_kwargs))
+
+
 def render_chat(tokenizer, prompt: str | list[dict], num_videos: int) -> list[int]:
     """Token ids of the request rendered with the checkpoint's chat template, generation prompt added
     (a RenderedPrompt is tokenized as it is)."""
-    if isinstance(prompt, RenderedPrompt):
-        return tokenizer(str(prompt), add_special_tokens=False).input_ids
-    text = tokenizer.apply_chat_template(chat_messages(prompt, num_videos), add_generation_prompt=True,
-                                         tokenize=False)
-    return tokenizer(text, add_special_tokens=False).input_ids
+    return tokenizer(str(render_text(tokenizer, prompt, num_videos)), add_special_tokens=False).input_ids

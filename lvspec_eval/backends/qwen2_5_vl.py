@@ -15,6 +15,8 @@ from .base import Backend, PreparedInputs
 from .chat_template import render_chat
 from .frame_rules import FramePlan
 from .qwen_vision import (
+    LMMS_EVAL_QWEN,
+    LmmsEvalVideo,
     VisionPreprocessConfig,
     expand_video_tokens,
     frame_plan,
@@ -27,6 +29,7 @@ class QwenVLBackend(Backend):
     layout_name = "qwen2_5_vl"  # layout(): drafts pair with targets of the same name
     default_mean_std: tuple[float, float, float] | None = None  # None: CLIP's (qwen_vision.py)
     clip_budget = False  # rule fps: the checkpoint's pixel limits are per frame
+    lmms_eval_video: LmmsEvalVideo = LMMS_EVAL_QWEN  # rule lmms_eval: what the family's lmms-eval class asks for
 
     def __init__(self, model, tokenizer, device="cpu", preprocess: VisionPreprocessConfig | None = None):
         super().__init__(model, tokenizer, device)
@@ -44,12 +47,13 @@ class QwenVLBackend(Backend):
             values.setdefault("image_mean", cls.default_mean_std)
             values.setdefault("image_std", cls.default_mean_std)
         return cls(model, tokenizer, device,
-                   rule_config(model.config.vision_config, clip_budget=cls.clip_budget, **values))
+                   rule_config(model.config.vision_config, clip_budget=cls.clip_budget, lmms_eval=cls.lmms_eval_video,
+                               **values))
 
     def frame_plan(self, fps: float | None, max_frames: int | None, interface: str = "chat") -> FramePlan:
         """Which frames of a video this backend's video rule takes (None: the rule's default);
         interface: lmms-eval's chat or simple class (their frame rules differ)."""
-        return frame_plan(self.preprocess, fps, max_frames, interface)
+        return frame_plan(self.preprocess, fps, max_frames, interface, self.lmms_eval_video)
 
     def layout(self) -> tuple:
         """What a draft must share with its target for visual tokens to line up."""

@@ -7,6 +7,9 @@ What differs from Qwen3-VL (qwen3_vl.py), as transformers 5.24 does it:
 - No DeepStack: the vision tower returns only its merged tokens.
 - The processor, timestamps and M-RoPE positions are Qwen3-VL's (`get_rope_index(input_ids,
   mm_token_type_ids, video_grid_thw)`, one group per temporal patch); patch 16, merge 2.
+- Rule `lmms_eval` follows lmms-eval's `qwen3_5` class (qwen_vision.LMMS_EVAL_QWEN3_5): qwen-vl-utils'
+  2 frames per second up to 768 frames, 64 to 768 tokens per frame within 224 x 1024 tokens a video,
+  where Qwen3-VL's class takes 32 frames. Its thinking prompt and answers: models/parity.py.
 """
 from __future__ import annotations
 
@@ -14,10 +17,12 @@ import torch
 
 from .base import PreparedInputs
 from .qwen3_vl import Qwen3VLBackend
+from .qwen_vision import LMMS_EVAL_QWEN3_5
 
 
 class Qwen3_5Backend(Qwen3VLBackend):
     layout_name = "qwen3_5"  # dense and MoE share it: a small dense draft serves an MoE target
+    lmms_eval_video = LMMS_EVAL_QWEN3_5
 
     @property
     def family(self) -> str:

@@ -21,6 +21,10 @@ Qwen3-VL (patch 16: factor 32, so qwen-vl-utils' token limits scale to 32 px tok
 `qwen_vl_utils` its frames are not resized again (its model card and lmms-eval call the processor
 with do_resize=False); under `fps` the checkpoint's video processor limits bound the whole clip
 (frames x height x width, `clip_smart_resize`), as transformers' Qwen3-VL video processor does.
+
+Qwen3.5 under `lmms_eval` (lmms-eval's `qwen3_5` class, LMMS_EVAL_QWEN3_5): qwen-vl-utils' 2 frames per
+second (4 to 768, even), each frame at least 64 tokens and at most 768, within a whole-video budget of
+224 x 1024 tokens; the processor does not resize again.
 """
 from __future__ import annotations
 
@@ -55,6 +59,29 @@ QVU_FPS, QVU_MIN_FRAMES, QVU_MAX_FRAMES = 2.0, 4, 768
 
 
 @dataclass(frozen=True)
+class LmmsEvalVideo:
+    """What one of lmms-eval 0.7.3's Qwen classes asks qwen-vl-utils for, from its __init__ defaults
+    (rule `lmms_eval`; the user's fps / max_frames / min_pixels / max_pixels still win)."""
+
+    describe: str
+    min_pixels: int  # per frame
+    max_pixels: int | None  # per frame; None: the class passes none, qwen-vl-utils' 768-token cap applies
+    total_pixels: int | None  # whole video; None: qwen-vl-utils' default (90% of 128,000 tokens)
+    max_frames: int
+    by_rate: bool  # False: exactly min(max_frames, N) frames (nframes); True: 2 per second, at most max_frames
+
+
+# models/simple/qwen2_5_vl.py and models/simple/qwen3_vl.py: min_pixels=256*28*28, max_pixels=1,605,632,
+# nframes=max_num_frames=32, no total_pixels
+LMMS_EVAL_QWEN = LmmsEvalVideo("lmms_eval qwen2_5_vl", LMMS_EVAL_MIN_PIXELS, LMMS_EVAL_MAX_PIXELS, None,
+                               LMMS_EVAL_MAX_FRAMES, by_rate=False)
+# models/simple/qwen3_5.py: min_pixels=64*32*32, total_pixels=224*1024*32*32, max_num_frames=768; with
+# total_pixels set, qwen3_vl.py's _build_video_kwargs asks for max_frames (no nframes, no max_pixels), so
+# qwen-vl-utils samples at its 2 frames per second and caps each frame at 768 tokens
+LMMS_EVAL_QWEN3_5 = LmmsEvalVideo("lmms_eval qwen3_5", 64 * 32 * 32, None, 224 * 1024 * 32 * 32, 768, by_rate=True)
+
+
+@dataclass(frozen=True)
 class VisionPreprocessConfig:
     patch_size: int = 14
     temporal_patch_size: int = 2
@@ -80,10 +107,11 @@ class VisionPreprocessConfig:
 
 
 def rule_config(vision_config, video_rule: str = "fps", checkpoint_pixels: tuple[int, int] | None = None,
-                clip_budget: bool = False, **values) -> VisionPreprocessConfig:
+                clip_budget: bool = False, lmms_eval: LmmsEvalVideo = LMMS_EVAL_QWEN, **values) -> VisionPreprocessConfig:
     """The preprocessing of a checkpoint under a video rule. `values`: min_pixels / max_pixels the
     user asked for (they win under every rule), image_mean / image_std; `checkpoint_pixels`: the
-    (min, max) of the checkpoint's video (else image) processor config."""
+    (min, max) of the checkpoint's video (else image) processor config; `lmms_eval`: the limits of
+    the family's lmms-eval class (rule `lmms_eval`)."""
     vc = vision_config
     check_rule(video_rule)
     base = {"patch_size": vc.patch_size, "temporal_patch_size": vc.temporal_patch_size,
@@ -91,7 +119,10 @@ def rule_config(vision_config, video_rule: str = "fps", checkpoint_pixels: tuple
     factor = vc.patch_size * vc.spatial_merge_size
     caps = {"frame_cap_pixels": QVU_MAX_TOKENS * factor ** 2, "total_pixels": int(QVU_SEQ_LEN * factor ** 2 * 0.9)}
     if video_rule == "lmms_eval":
-        rule = dict(min_pixels=LMMS_EVAL_MIN_PIXELS, max_pixels=LMMS_EVAL_MAX_PIXELS, **caps)
+        if lmms_eval.total_pixels is not None:
+            caps["total_pixels"] = lmms_eval.total_pixels
+        rule = dict(min_pixels=lmms_eval.min_pixels, max_pixels=lmms_eval.max_pixels or caps["frame_cap_pixels"],
+                    **caps)
     elif video_rule == "qwen_vl_utils":  # Qwen3-VL's own recipe calls its processor with do_resize=False
         rule = dict(min_pixels=QVU_MIN_TOKENS * factor ** 2, max_pixels=QVU_MAX_TOKENS * factor ** 2,
                     processor_pixels=None if clip_budget else checkpoint_pixels, **caps)
@@ -133,9 +164,10 @@ def num_visual_tokens(height: int, width: int, num_frames: int, cfg: VisionPrepr
 
 
 def frame_plan(cfg: VisionPreprocessConfig, fps: float | None, max_frames: int | None,
-               interface: str = "chat") -> FramePlan:
+               interface: str = "chat", lmms_eval: LmmsEvalVideo = LMMS_EVAL_QWEN) -> FramePlan:
     """Which frames a video gives under cfg.video_rule; fps / max_frames: the user's, None = the rule's.
-    interface: the lmms-eval class matched under rule `lmms_eval` (`chat` or `simple`)."""
+    interface: the lmms-eval class matched under rule `lmms_eval` (`chat` or `simple`); lmms_eval:
+    that class's defaults."""
     if cfg.video_rule == "fps":
         return fps_plan(fps, max_frames)
     if cfg.video_rule == "lmms_eval" and interface == "simple":
@@ -145,12 +177,14 @@ def frame_plan(cfg: VisionPreprocessConfig, fps: float | None, max_frames: int |
                          lambda n, native: qwen_vl_utils_count(n, native, rate, QVU_MAX_FRAMES, QVU_MIN_FRAMES,
                                                                factor),
                          lambda n, count: spread_rounded(n, count)[thin_out(count, limit)])
-    if cfg.video_rule == "lmms_eval" and fps is None:
-        limit = max_frames or LMMS_EVAL_MAX_FRAMES
-        return FramePlan(f"lmms_eval qwen2_5_vl: min({limit}, N) frames, even",
+    if cfg.video_rule == "lmms_eval" and fps is None and not lmms_eval.by_rate:
+        limit = max_frames or lmms_eval.max_frames
+        return FramePlan(f"{lmms_eval.describe}: min({limit}, N) frames, even",
                          lambda n, native: lmms_eval_qwen_count(n, limit), spread_rounded)
-    # qwen_vl_utils, or lmms_eval given an fps (lmms-eval then hands fps to qwen-vl-utils)
-    rate, limit = fps or QVU_FPS, max_frames or QVU_MAX_FRAMES
+    # qwen_vl_utils, or lmms_eval given an fps (lmms-eval then hands fps to qwen-vl-utils), or a class that
+    # leaves the rate to qwen-vl-utils (qwen3_5)
+    default_limit = lmms_eval.max_frames if cfg.video_rule == "lmms_eval" and lmms_eval.by_rate else QVU_MAX_FRAMES
+    rate, limit = fps or QVU_FPS, max_frames or default_limit
     factor = cfg.temporal_patch_size
     return FramePlan(f"{cfg.video_rule}: {rate:g} frames per second, {QVU_MIN_FRAMES} to {limit}, "
                      f"a multiple of {factor}",

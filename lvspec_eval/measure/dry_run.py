@@ -14,7 +14,9 @@ Checks, in order, and prints one line each (OK / WARN / FAIL):
    checkpoint): the chat template (the processor's, as the run loads it) renders a video + text turn
    with exactly one video token, and the backend's own preprocessing of a video (--video, else the
    first video of the tasks' data, else a nominal one) gives so many visual and prompt tokens, within
-   the model's context. The backend runs on an empty (meta-device) model: no weights are read.
+   the model's context, and the cache they fill (KV of the attention layers; Qwen3.5's Gated DeltaNet
+   layers hold a fixed state instead, measure/cache_memory.py). The backend runs on an empty
+   (meta-device) model: no weights are read.
 4. data, per task of this project's (tasks/_common/benchmarks.py): the data root exists (its
    LVSPEC_<NAME>_ROOT, else lmms-eval's $HF_HOME layout), the annotations load, and the first
    --videos video files exist. Judged tasks warn when no judge is configured.
@@ -147,7 +149,7 @@ def backend_without_weights(name: str, parsed):
     path = resolve_path(name)
     local = {} if Path(path).is_dir() else {"local_files_only": True}  # a hub id: the cache only, no download
     config = AutoConfig.from_pretrained(path, **local)
-    check_model_type(name, config.model_type)  # Qwen3.5's hybrid layers: refused, saying why
+    check_model_type(name, config.model_type)  # a family lvspec cannot decode: refused, saying why
     families = _families()
     with torch.device("meta"):
         model = _model_class(config.model_type)(config).eval()
@@ -183,6 +185,8 @@ def check_templates(parsed, video: str | None) -> list[Check]:
 def check_template(role: str, name: str, parsed, request: tuple, source: str) -> Check:
     """request: the video as a run hands it to `prepare` (frames, fps, original indices, native fps)."""
     from ..backends.chat_template import check_video_template
+    from .cache_memory import cache_memory
+    from .cache_memory import describe as describe_cache
 
     what = f"chat template {role}={name}"
     try:
@@ -195,8 +199,11 @@ def check_template(role: str, name: str, parsed, request: tuple, source: str) ->
     except ValueError as err:
         return Check("FAIL", what, str(err))
     n = int(inputs.input_ids.shape[1])
-    counts = f"{inputs.num_visual_tokens} visual tokens, {n} prompt tokens for {source}"
-    limit = getattr(backend.model.config.get_text_config(), "max_position_embeddings", None)
+    text_config = backend.model.config.get_text_config()
+    dtype_bytes = 4 if parsed.dtype == "float32" else 2
+    counts = (f"{inputs.num_visual_tokens} visual tokens, {n} prompt tokens for {source}; "
+              f"{describe_cache(cache_memory(text_config, dtype_bytes), n)}")
+    limit = getattr(text_config, "max_position_embeddings", None)
     if limit and n >= limit:  # a nominal video only warns: the task's videos may be smaller
         return Check("WARN" if source.startswith(NOMINAL) else "FAIL", what,
                      f"{counts}: more than the context of {limit}; such samples fail (lower max_frames, fps or "

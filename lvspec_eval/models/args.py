@@ -20,7 +20,7 @@ from ..backends.frame_rules import VIDEO_RULES
 from ..backends.loading import DEMO_NAMES, DTYPES
 from ..decoding import methods
 from ..demo import models as demo_models
-from .parity import UNTIL_MODES
+from .parity import THINKING_MODES, UNTIL_MODES
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,9 @@ class ModelArgs:
     video_rule: str | None = None
     max_new_tokens: int | None = None  # default: the matched lmms-eval class's (models/parity.py); demo 256
     until: str | None = None  # the task's stop strings: `class` (as lmms-eval's class does) or `task`; demo: task
+    # on | off: the chat template's enable_thinking, and answers cut after `</think>` (on); default: what the
+    # family's lmms-eval class does (qwen3_5: on; qwen3_vl: not passed); Qwen3 families only (models/parity.py)
+    thinking: str | None = None
     stats_path: str | None = None  # JSONL of per-sample decode statistics
     paired_timing: bool = False  # also time vanilla greedy on every request, beside the method (same clock)
     on_device_error: str = "abort"  # a CUDA error or out-of-memory: stop the run (abort) or fail the sample (skip)
@@ -110,6 +113,9 @@ class ModelArgs:
         _one_of("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         _one_of("on_device_error", self.on_device_error, ON_DEVICE_ERROR)
         _one_of("until", self.until, UNTIL_MODES)
+        if self.thinking is not None:  # lmms-eval half-types true/false: accept them for on/off
+            self.thinking = {"true": "on", "false": "off"}.get(self.thinking.lower(), self.thinking.lower())
+            _one_of("thinking", self.thinking, THINKING_MODES)
         _check_device(self.device)
         if self.batch_size != 1:
             raise ValueError(f"batch_size={self.batch_size} is not supported: lvspec decodes one request at a time "
@@ -228,8 +234,10 @@ class GenSettings:
     sampling_ignored: bool  # True when the task asked for sampling and got greedy decoding
 
 
-def read_gen_kwargs(gen_kwargs: Mapping | None, default_max_new_tokens: int) -> GenSettings:
-    """The task's generation_kwargs: max_new_tokens, until (str or list), temperature/do_sample."""
+def read_gen_kwargs(gen_kwargs: Mapping | None, default_max_new_tokens: int,
+                    default_temperature: float = 0.0) -> GenSettings:
+    """The task's generation_kwargs: max_new_tokens, until (str or list), temperature/do_sample.
+    default_temperature: what the matched lmms-eval class samples at when the task gives none."""
     gen = dict(gen_kwargs or {})
     until = gen.get("until") or ()
     until = (until,) if isinstance(until, str) else tuple(s for s in until if s)
@@ -237,6 +245,7 @@ def read_gen_kwargs(gen_kwargs: Mapping | None, default_max_new_tokens: int) -> 
     max_new = default_max_new_tokens if max_new is None else coerce("max_new_tokens", max_new, int)
     if max_new < 1:
         raise ValueError(f"generation_kwargs max_new_tokens={max_new} must be at least 1")
-    temperature = coerce("temperature", gen.get("temperature") or 0.0, float)
+    raw = gen.get("temperature")
+    temperature = default_temperature if raw is None else coerce("temperature", raw or 0.0, float)
     sampling = temperature > 0 or bool(gen.get("do_sample"))
     return GenSettings(max_new, until, temperature, sampling)

@@ -26,11 +26,11 @@ from lmms_eval.protocol import ChatMessages
 from loguru import logger
 from tqdm import tqdm
 
-from ..backends.chat_template import check_video_template
+from ..backends.chat_template import check_video_template, render_text
 from ..decoding.loop import make_clock
 from ..decoding.runner import Generation, Runner, VideoInput
 from .args import GenSettings, ModelArgs, read_gen_kwargs
-from .parity import class_rules, stop_strings
+from .parity import class_rules, final_answer, stop_strings, thinking_mode
 from .stats_writer import StatsWriter, failure_record, success_record
 from .video import VideoError, load_video
 
@@ -76,6 +76,8 @@ class _LVSpecModel(lmms):
         # what lmms-eval's own class of this family does with stop strings, defaults and prompts
         self.rules = class_rules(self.runner.target.family, interface, self.args.until)
         self.max_new_tokens = self.args.max_new_tokens or self.rules.max_new_tokens
+        # enable_thinking for the chat template, and answers cut after `</think>` (None: the template's default)
+        self.thinking = thinking_mode(self.runner.target.family, interface, self.args.thinking)
         # which frames each video gives under video_rule (a bad fps/max_frames fails here, not per sample)
         self.frame_plan = self.runner.target.frame_plan(self.args.fps, self.args.max_frames, interface)
         for name, backend in (("pretrained", self.runner.target), ("draft", self.runner.draft_backend)):
@@ -119,11 +121,14 @@ class _LVSpecModel(lmms):
     def _respond(self, request: Instance) -> GenerationResult:
         info = self._info(request)
         try:
-            settings = read_gen_kwargs(info.gen_kwargs, self.max_new_tokens)
+            settings = read_gen_kwargs(info.gen_kwargs, self.max_new_tokens, self.rules.temperature)
             settings = replace(settings, until=stop_strings(settings.until, self.rules))
             prompt, paths = self._prompt_and_videos(info)
+            if self.thinking is not None:  # the template's enable_thinking (rendered here, for target and draft)
+                prompt = render_text(self.runner.tokenizer, prompt, len(paths), enable_thinking=self.thinking)
             videos = [self._video(p) for p in paths]
             generation, max_new = self._generate(prompt, videos, settings)
+            generation = replace(generation, text=final_answer(generation.text, self.thinking))
         except DEVICE_ERRORS + (ValueError, RuntimeError) as err:  # VideoError is a ValueError
             if is_device_error(err):
                 return self._device_failure(info, err)
@@ -160,7 +165,7 @@ class _LVSpecModel(lmms):
             return
         decode = self.runner.tokenizer.decode
         extra = {"max_new_tokens": max_new, "requested_temperature": settings.requested_temperature,
-                 "sampling_ignored": settings.sampling_ignored,
+                 "sampling_ignored": settings.sampling_ignored, "thinking": self.thinking,
                  "replaced_texts": [None if t is None else decode([t]) for t in generation.stats.get("replaced", [])]}
         self.stats.write(success_record(generation.stats, task=info.task, doc_id=info.doc_id, rank=self.rank,
                                         text=generation.text, token_texts=[decode([t]) for t in generation.tokens],

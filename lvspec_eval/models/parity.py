@@ -10,6 +10,8 @@ same family and interface does, so that `method=vanilla` scores equal the ones u
 | qwen2_5_vl, simple | models/simple/qwen2_5_vl.py | applied to the answer, except "\\n\\n" | 32768 |
 | qwen3_vl, chat | models/chat/qwen3_vl.py (adds its system turn) | ignored | 128 |
 | qwen3_vl, simple | models/simple/qwen3_vl.py | applied to the answer, except "\\n\\n" | 128 |
+| qwen3_5, chat | models/chat/qwen3_5.py (adds its system turn; thinking on) | ignored | 1024 |
+| qwen3_5, simple | models/simple/qwen3_5.py (thinking on) | applied to the answer, except "\\n\\n" | 1024 |
 | llava_onevision, chat | models/chat/llava_hf.py | ignored | 1024 |
 | llava_onevision, simple | models/simple/llava_hf.py | ignored | 1024 |
 
@@ -18,6 +20,14 @@ paragraphs and answers that begin with a blank line. Frames and pixels follow fr
 (backends/frame_rules.py); the eos token from the tokenizer (backends/base.py stop_token_ids).
 The demo models (and `until=task`) keep the task's stop strings and a 256-token default.
 A new family adds its two rows here.
+
+Thinking (lmms-eval's Qwen3 classes, models/simple/qwen3_vl.py): the class hands `enable_thinking` to the
+chat template when it is set, and then answers with what follows the first `</think>` (stripped; an empty
+answer when the model never closed its thinking). The `qwen3_5` classes set it (enable_thinking=True: the
+Qwen3.5 template opens `<think>\\n` after the assistant header), the `qwen3_vl` ones do not. Model_arg
+`thinking=on|off` sets it for either family (lmms-eval's `enable_thinking=true|false`); by default it is
+what the class does. Their sampling defaults (qwen3_5: temperature 0.7, top_p 0.8, top_k 20 when the task
+gives no temperature) are not followed: lvspec decodes greedily and records the request as sampling_ignored.
 """
 from __future__ import annotations
 
@@ -27,6 +37,8 @@ from dataclasses import dataclass
 from ..backends.chat_template import RenderedPrompt
 
 UNTIL_MODES = ("class", "task")  # model_arg `until`
+THINKING_MODES = ("on", "off")  # model_arg `thinking` (None: the class's own)
+THINK_END = "</think>"
 BLANK_LINE = "\n\n"
 # lmms-eval 0.7.3 models/simple/llava_hf.py: the template it falls back to when the tokenizer has none
 VICUNA_CHAT_TEMPLATE = (
@@ -47,6 +59,9 @@ class ClassRules:
     # simple interface: (doc_to_text's context, number of videos, tokenizer) -> the prompt (chat messages,
     # or a RenderedPrompt)
     simple_prompt: Callable[[str, int, object], list[dict] | RenderedPrompt] | None = None
+    thinking_switch: bool = False  # the class takes enable_thinking (lmms-eval's Qwen3 classes)
+    thinking: bool | None = None  # the enable_thinking it hands the chat template by default (None: none)
+    temperature: float = 0.0  # what it samples at when the task gives no temperature (lvspec: greedy)
 
 
 def qwen_simple_prompt(context: str, num_videos: int, tokenizer=None) -> list[dict]:
@@ -74,9 +89,17 @@ CLASS_RULES = {
                                          video_fps=24.0, simple_prompt=qwen_simple_prompt),
     # Qwen3-VL (backends/qwen3_vl.py): its chat class inserts its system prompt before the task's turns
     ("qwen3_vl", "chat"): ClassRules("lmms_eval.models.chat.qwen3_vl.Qwen3_VL", "ignore", 128,
-                                     chat_system_prompt="You are a helpful assistant."),
+                                     chat_system_prompt="You are a helpful assistant.", thinking_switch=True),
     ("qwen3_vl", "simple"): ClassRules("lmms_eval.models.simple.qwen3_vl.Qwen3_VL", "no_blank_line", 128,
-                                       simple_prompt=qwen_simple_prompt),
+                                       simple_prompt=qwen_simple_prompt, thinking_switch=True),
+    # Qwen3.5 (backends/qwen3_5.py): the qwen3_vl classes with Qwen3.5's defaults (models/simple/qwen3_5.py
+    # DEFAULT_GEN_KWARGS and __init__: max_new_tokens 1024, temperature 0.7, enable_thinking=True)
+    ("qwen3_5", "chat"): ClassRules("lmms_eval.models.chat.qwen3_5.Qwen3_5", "ignore", 1024,
+                                    chat_system_prompt="You are a helpful assistant.", thinking_switch=True,
+                                    thinking=True, temperature=0.7),
+    ("qwen3_5", "simple"): ClassRules("lmms_eval.models.simple.qwen3_5.Qwen3_5", "no_blank_line", 1024,
+                                      simple_prompt=qwen_simple_prompt, thinking_switch=True, thinking=True,
+                                      temperature=0.7),
     ("llava_onevision", "chat"): ClassRules("lmms_eval.models.chat.llava_hf.LlavaHf", "ignore", 1024),
     ("llava_onevision", "simple"): ClassRules("lmms_eval.models.simple.llava_hf.LlavaHf", "ignore", 1024,
                                               simple_prompt=llava_hf_simple_prompt),
@@ -104,3 +127,27 @@ def stop_strings(until: tuple[str, ...], rules: ClassRules) -> tuple[str, ...]:
     if rules.until == "no_blank_line":
         return tuple(s for s in until if s != BLANK_LINE)
     return until
+
+
+def thinking_mode(family: str, interface: str, requested: str | None) -> bool | None:
+    """The enable_thinking prompts are rendered with (None: not passed to the template) and answers
+    stripped by: the model_arg `thinking` (on|off) where the family's lmms-eval class takes it, else
+    what that class does by default (whatever `until` says)."""
+    rules = CLASS_RULES.get((family, interface))
+    if requested is None:
+        return rules.thinking if rules is not None else None
+    if requested not in THINKING_MODES:
+        raise ValueError(f"thinking={requested!r} is not supported; expected one of {', '.join(THINKING_MODES)}")
+    if rules is None or not rules.thinking_switch:
+        takes = sorted({f for (f, _), r in CLASS_RULES.items() if r.thinking_switch})
+        raise ValueError(f"thinking={requested}: {family}'s chat template has no thinking switch (lmms-eval's classes "
+                         f"take enable_thinking for {', '.join(takes)} only)")
+    return requested == "on"
+
+
+def final_answer(text: str, thinking: bool | None) -> str:
+    """lmms-eval's Qwen3 `_strip_thinking`: with thinking on, what follows the first `</think>`, stripped
+    (empty when the model never closed its thinking); otherwise the text as it is."""
+    if not thinking:
+        return text
+    return text.partition(THINK_END)[2].strip()
