@@ -213,3 +213,16 @@ def test_dry_run_counts_a_qwen3_5_prompt_and_its_fixed_state(qwen3_5_family, cap
     # the fixed state: 4 value heads x 8 x 8 in float32, and a 4-input window of 2*2*8 + 4*8 channels
     assert memory.state == 2 * (4 * 8 * 8 * 4 + (2 * 2 * 8 + 4 * 8) * 4 * 4)
     assert memory.kv_per_token == 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads of 16, float32
+
+
+def test_dry_run_pairs_a_dense_draft_with_an_moe_target(qwen3_5_family, moe_backend, capsys):
+    """A Qwen3.5 draft serves a Qwen3.5-MoE target (one family and layout; runner.check_pairing agrees)."""
+    from test_failures import dry_run
+
+    from lvspec_eval.decoding.runner import check_pairing
+
+    moe, dense = moe_backend.model.name_or_path, qwen3_5_family.draft.model.name_or_path
+    code, out = dry_run(capsys, f"pretrained={moe},draft={dense},method=sd_tree")
+    line = next(l for l in out.splitlines() if " pairing:" in l)
+    assert line.startswith("OK") and "shares tokenizer and layout" in line, out
+    check_pairing(moe_backend, qwen3_5_family.draft, moe, dense)  # raises on a mismatch

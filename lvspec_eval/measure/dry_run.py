@@ -7,7 +7,7 @@ Checks, in order, and prints one line each (OK / WARN / FAIL):
    attention kernel serves which forwards (backends/attention.py). A CUDA device asked for on a
    machine without one is a warning (dry runs often happen on a login node).
 2. draft pairing, from files alone (config.json, tokenizer files, preprocessor configs; no weights
-   are loaded): same model family, same tokenizer vocabulary, same video token id, and the same
+   are loaded): same model family (dense and MoE alike), same tokenizer vocabulary, same video token id, and the same
    visual-token layout as the backends compute it (so SpecVLM's pruned indices and LVSpec's visual
    states line up).
 3. chat template and visual tokens, per model (target, and the draft if it is a separate
@@ -122,7 +122,7 @@ def check_pairing(parsed) -> list[Check]:
     except (OSError, ValueError) as err:
         return [Check("WARN", "pairing", f"not checked: {err}")]
     problems = [f"{key}: target {target[key]!r}, draft {draft[key]!r}"
-                for key in ("model_type", "video_token_id", "layout") if target[key] != draft[key]]
+                for key in ("family", "video_token_id", "layout") if target[key] != draft[key]]
     if target["vocab"] != draft["vocab"]:
         problems.append(f"tokenizers differ ({len(target['vocab'])} vs {len(draft['vocab'])} entries)")
     if problems:
@@ -133,7 +133,8 @@ def check_pairing(parsed) -> list[Check]:
 def checkpoint_facts(name: str, parsed) -> dict:
     """What pairing compares, from config and tokenizer files (local, or already in the hub cache)."""
     backend = backend_without_weights(name, parsed)
-    return {"model_type": backend.model.config.model_type, "video_token_id": backend.video_token_id,
+    # the family, not the model_type: a dense draft serves an MoE target of its family (qwen3_5 for qwen3_5_moe)
+    return {"family": backend.family, "video_token_id": backend.video_token_id,
             "layout": backend.layout(), "vocab": backend.tokenizer.get_vocab()}
 
 
