@@ -148,9 +148,9 @@ def moe_backend(tmp_path_factory):
     return backend
 
 
-def _generate(backend, method: str, videos, max_new: int, options=None):
+def _generate(backend, method: str, videos, max_new: int, options=None, draft=None):
     spec = methods.resolve(method)
-    drafter, verifier = methods.build(spec, methods.make_options(spec, options or {}), None, backend)
+    drafter, verifier = methods.build(spec, methods.make_options(spec, options or {}), draft, backend)
     return loop.generate(backend, drafter, verifier, "describe the video", videos, max_new)
 
 
@@ -182,6 +182,16 @@ def test_moe_text_model_stays_lossless(moe_backend, method):
     want = _generate(moe_backend, "vanilla", videos, 10).tokens
     got = _generate(moe_backend, method, videos, 10, {"tree": "chain", "tree_depth": 3}).tokens
     assert got == want and len(want) > 0
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+def test_a_dense_draft_on_the_moe_target_is_lossless(qwen3_5_family, moe_backend, tree):
+    """sd_tree with the dense fixture's small Qwen3.5 as the draft of the MoE target: vanilla's tokens."""
+    videos = [(_video(4, t=4), 2.0)]
+    want = _generate(moe_backend, "vanilla", videos, 12).tokens
+    out = _generate(moe_backend, "sd_tree", videos, 12, {"tree": tree, "tree_depth": 3}, draft=qwen3_5_family.draft)
+    assert out.tokens == want and len(want) > 0
+    assert sum(s.num_draft_nodes for s in out.stats.steps) > 0  # the draft did propose
 
 
 # ---- dry-run: tokens and the hybrid cache ----------------------------------------------------------
