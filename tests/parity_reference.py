@@ -63,7 +63,7 @@ def make_class(spec: dict):
 def force_dtype(dtype: str) -> None:
     """lmms-eval's Qwen3 classes load their model class in bfloat16 (simple/qwen3_vl.py `_resolve_model_class`
     picks the class and the dtype keyword); load it in `dtype` instead, nothing else changed."""
-    import lmms_eval.models.simple.qwen3_vl as qwen3_vl
+    from lmms_eval.models.simple import qwen3_vl
 
     resolve = qwen3_vl._resolve_model_class
 

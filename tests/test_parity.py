@@ -180,8 +180,9 @@ def instance(interface: str, gen_kwargs: dict, doc: dict) -> Instance:
 
 def checkpoint_model(path: Path):
     """An empty model of the checkpoint's own class (meta device: nothing is loaded)."""
-    from lvspec_eval.backends.loading import _model_class
     from transformers import AutoConfig
+
+    from lvspec_eval.backends.loading import _model_class
 
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import math
 
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
-
 from conftest import INIT_RANGE, TOKENIZER_DIR, qwen3_5_config, save_qwen3
+from transformers import (
+    AutoTokenizer,
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeForConditionalGeneration,
+)
+
 from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.backends.qwen_vision import LMMS_EVAL_QWEN3_5, frame_size, smart_resize
 from lvspec_eval.decoding import loop, methods
@@ -29,7 +32,8 @@ def _video(seed=0, t=5, h=70, w=90):
 def class_defaults(module: str, cls: str | None = None) -> tuple[dict, dict]:
     """(__init__ keyword defaults, DEFAULT_GEN_KWARGS) of an lmms-eval class, read from its source (the
     module imports decord, which is not installed here)."""
-    tree = ast.parse(open(importlib.util.find_spec(module).origin).read())
+    with open(importlib.util.find_spec(module).origin) as f:
+        tree = ast.parse(f.read())
     body = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and (cls is None or n.name == cls)).body
     init = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     names = [a.arg for a in init.args.args][-len(init.args.defaults):]
@@ -38,7 +42,7 @@ def class_defaults(module: str, cls: str | None = None) -> tuple[dict, dict]:
         try:
             values[name] = ast.literal_eval(node)
         except ValueError:  # 64 * 32 * 32 and the like
-            values[name] = eval(compile(ast.Expression(node), "<default>", "eval"))  # noqa: S307 (literal arithmetic)
+            values[name] = eval(compile(ast.Expression(node), "<default>", "eval"))
     gen = next(n for n in body if isinstance(n, ast.Assign) and n.targets[0].id == "DEFAULT_GEN_KWARGS")
     return values, ast.literal_eval(gen.value)
 
@@ -49,7 +53,7 @@ def test_lmms_eval_rule_is_lmms_evals_qwen3_5_class(qwen3_5_family):
     """lmms-eval 0.7.3 qwen3_5: min_pixels 64*32*32 and total_pixels 224*1024*32*32 per video, 768 frames at
     most; with total_pixels set, qwen3_vl's _build_video_kwargs asks qwen-vl-utils for max_frames, not
     nframes, so it samples 2 frames per second, caps each frame at 768 tokens and shares the budget."""
-    init, gen = class_defaults("lmms_eval.models.simple.qwen3_5")
+    init, _ = class_defaults("lmms_eval.models.simple.qwen3_5")
     assert (LMMS_EVAL_QWEN3_5.min_pixels, LMMS_EVAL_QWEN3_5.total_pixels, LMMS_EVAL_QWEN3_5.max_frames) == \
         (init["min_pixels"], init["total_pixels"], init["max_num_frames"])
     backend = load_backend(str(qwen3_5_family.target.model.name_or_path), video_rule="lmms_eval")
@@ -232,7 +236,7 @@ def test_dry_run_pairs_a_dense_draft_with_an_moe_target(qwen3_5_family, moe_back
     from lvspec_eval.decoding.runner import check_pairing
 
     moe, dense = moe_backend.model.name_or_path, qwen3_5_family.draft.model.name_or_path
-    code, out = dry_run(capsys, f"pretrained={moe},draft={dense},method=sd_tree")
+    _, out = dry_run(capsys, f"pretrained={moe},draft={dense},method=sd_tree")
     line = next(l for l in out.splitlines() if " pairing:" in l)
     assert line.startswith("OK") and "shares tokenizer and layout" in line, out
     check_pairing(moe_backend, qwen3_5_family.draft, moe, dense)  # raises on a mismatch

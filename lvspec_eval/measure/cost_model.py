@@ -61,8 +61,8 @@ from pathlib import Path
 
 import torch
 
-from ..backends.base import Backend, DecodeState, PreparedInputs, crop_cache
 from ..backends import linear_state
+from ..backends.base import Backend, DecodeState, PreparedInputs, crop_cache
 from ..backends.llava_onevision import LlavaOnevisionBackend
 from ..backends.qwen2_5_vl import QwenVLBackend
 from ..backends.qwen3_5 import Qwen3_5Backend
@@ -274,7 +274,13 @@ def special_ids(vocab: int) -> dict:
 
 def model_config(arch: dict):
     """A full VLM config with a one-layer stand-in vision tower (never run: features are random)."""
-    from transformers import LlavaOnevisionConfig, Qwen2_5_VLConfig, Qwen3_5Config, Qwen3_5MoeConfig, Qwen3VLConfig
+    from transformers import (
+        LlavaOnevisionConfig,
+        Qwen2_5_VLConfig,
+        Qwen3_5Config,
+        Qwen3_5MoeConfig,
+        Qwen3VLConfig,
+    )
 
     text, ids = text_config(arch), special_ids(arch["vocab"])
     if arch["family"] == "qwen3_5":  # Qwen3-VL's tower without DeepStack
