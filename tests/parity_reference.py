@@ -55,29 +55,7 @@ def make_class(spec: dict):
     import importlib
 
     module, name, extra = spec["reference"]
-    if spec.get("dtype"):
-        force_dtype(spec["dtype"])
     return getattr(importlib.import_module(module), name)(pretrained=spec["checkpoint"], device="cpu", **extra)
-
-
-def force_dtype(dtype: str) -> None:
-    """lmms-eval's Qwen3 classes load their model class in bfloat16 (simple/qwen3_vl.py `_resolve_model_class`
-    picks the class and the dtype keyword); load it in `dtype` instead, nothing else changed."""
-    from lmms_eval.models.simple import qwen3_vl
-
-    resolve = qwen3_vl._resolve_model_class
-
-    def resolve_in_dtype(pretrained, is_moe):
-        model_cls, key = resolve(pretrained, is_moe)
-
-        class InDtype:
-            @staticmethod
-            def from_pretrained(path, **kwargs):
-                return model_cls.from_pretrained(path, **{**kwargs, key: dtype})
-
-        return InDtype, key
-
-    qwen3_vl._resolve_model_class = resolve_in_dtype
 
 
 def record_model_calls(model, record: dict) -> None:

@@ -290,8 +290,10 @@ class Backend:
         which temporary entries (earlier ones, then these) each token sees; committed entries are
         always visible. None: a plain causal step over no earlier temporary entries (the caller
         knows; no look at a device tensor needed), which lets the attention kernel take its
-        unmasked path for one token. Float additive masks with explicit positions keep tree
-        scoring exact.
+        unmasked path for one token, and a linear-attention layer its own one-token kernel, which
+        advances its state in place: a one-token plain step must be kept (as vanilla's steps and
+        a drafter's catch-up are). Float additive masks with explicit positions keep tree scoring
+        exact.
         """
         m = tokens.numel()
         if visible is None and state.temp_len:
@@ -301,7 +303,8 @@ class Backend:
             visible = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()
         mask = None if visible is None else additive_mask(state.cache_len, visible, self.model.dtype, self.device)
         positions = self.position_ids(state.extra, state.next_pos + pos_offsets.to(self.device))
-        ancestors = visible if visible is not None else torch.ones(1, 1, dtype=torch.bool, device=self.device)
+        # linear-attention layers: the tree (visible), or a plain step run by the model's own kernel
+        ancestors = visible if visible is not None else linear_state.PLAIN
         with self.capture_hidden(hidden_layers) as hidden, linear_state.temporary(ancestors):
             out = self.text_model()(input_ids=tokens.view(1, -1).to(self.device), position_ids=positions,
                                     attention_mask=mask, cache=state.cache, use_cache=True)

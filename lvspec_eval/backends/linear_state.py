@@ -34,7 +34,12 @@ commit.
 
 `install(model)` wraps every Gated DeltaNet module (recognised by its parameters, not its family):
 inside `temporary(...)` (Backend.forward) it runs `tree_forward`; elsewhere (prefills) it runs
-transformers' own forward, which fills the committed state.
+transformers' own forward, which fills the committed state. A plain step (one token, causal, over
+no temporary entries: `temporary(PLAIN)`) also runs transformers' own forward, its one-token
+recurrent kernel (the fused one where installed), which advances the committed state in place:
+such a step is always kept (vanilla decoding, and a drafter's catch-up of one committed token), so
+vanilla decodes exactly as transformers' generate() and lmms-eval's classes do, bf16 rounding
+included; `keep` then only checks that it was kept.
 """
 from __future__ import annotations
 
@@ -48,6 +53,8 @@ import torch.nn.functional as F
 _PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "A_log", "dt_bias", "norm", "out_proj")
 _LAYOUT: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("linear_state_layout", default=None)
 _TEMP = "lvspec_temp"  # attribute of a cache layer holding its temporary entries (a Temp)
+PLAIN = "plain"  # temporary()'s layout for a one-token causal step over no temporary entries
+_ADVANCED = "advanced"  # a cache layer's _TEMP after a plain step: its state already includes the token
 
 
 def is_gated_deltanet(module) -> bool:
@@ -72,7 +79,14 @@ def install(model) -> int:
             visible = _LAYOUT.get()
             if visible is None or cache is None:
                 return _original(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
-            return tree_forward(_module, hidden_states, cache.layers[_module.layer_idx], visible)
+            layer = cache.layers[_module.layer_idx]
+            if isinstance(visible, str):  # PLAIN: transformers' own one-token step, in place
+                if getattr(layer, _TEMP, None) is not None:
+                    raise ValueError("a plain step needs a layer without temporary entries")
+                out = _original(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
+                setattr(layer, _TEMP, _ADVANCED)
+                return out
+            return tree_forward(_module, hidden_states, layer, visible)
 
         module.forward, module._lvspec_tree = forward, True
         count += 1
@@ -80,9 +94,10 @@ def install(model) -> int:
 
 
 @contextlib.contextmanager
-def temporary(visible: torch.Tensor):
+def temporary(visible: torch.Tensor | str):
     """Inside: linear-attention layers treat the forward's m tokens as temporary entries whose
-    ancestors (and themselves) among the temporary entries are `visible` [m, temp_len + m] bool."""
+    ancestors (and themselves) among the temporary entries are `visible` [m, temp_len + m] bool;
+    PLAIN: one token, causal, over no temporary entries (kept for sure: advanced in place)."""
     token = _LAYOUT.set(visible)
     try:
         yield
@@ -196,6 +211,11 @@ def keep(layer, kept: torch.Tensor | None, num: int) -> None:
             raise ValueError(f"keep({num}) on a linear-attention layer with no temporary entries")
         return
     setattr(layer, _TEMP, None)
+    if isinstance(temp, str):  # a plain step: the state already holds its one token
+        if num != 1:
+            raise ValueError(f"keep({num}) after a plain one-token step, which advanced the state in place: "
+                             "a plain step must be kept")
+        return
     if num == 0:
         return
     if kept is None:
