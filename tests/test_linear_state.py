@@ -154,7 +154,7 @@ def test_the_policy_times_the_state_bookkeeping_as_part_of_a_step(qwen3_5_family
                                       qwen3_5_family.draft, qwen3_5_family.target)
     case = make_case(2, qwen3_5_family.max_side)
     out = loop.generate(qwen3_5_family.target, drafter, verifier, case.prompt, case.videos, 6)
-    linear = sum(linear_state.is_linear_layer(layer) for layer in _prefilled(qwen3_5_family, make_case, 2)[1].cache.layers)
+    linear = len(_linear_layers(_prefilled(qwen3_5_family, make_case, 2)[1].cache))
     assert out.stats.steps and all(step.verify_s >= linear * pause for step in out.stats.steps)
 
 

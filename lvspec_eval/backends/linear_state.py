@@ -51,7 +51,8 @@ import torch
 import torch.nn.functional as F
 
 _PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "A_log", "dt_bias", "norm", "out_proj")
-_LAYOUT: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("linear_state_layout", default=None)
+_LAYOUT: contextvars.ContextVar[torch.Tensor | str | None] = contextvars.ContextVar("linear_state_layout",
+                                                                                    default=None)
 _TEMP = "lvspec_temp"  # attribute of a cache layer holding its temporary entries (a Temp)
 PLAIN = "plain"  # temporary()'s layout for a one-token causal step over no temporary entries
 _ADVANCED = "advanced"  # a cache layer's _TEMP after a plain step: its state already includes the token
