@@ -27,6 +27,7 @@ from conftest import (
     random_case,
 )
 from safetensors.torch import load_file, save_file
+from test_sparrow import HalfCachedExact, OracleDrafts
 from transformers import AutoConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
 
@@ -34,9 +35,7 @@ from lvspec_eval.backends.base import FINAL
 from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.decoding import loop, methods
 from lvspec_eval.decoding.drafters.mtp import MTPDrafter, MTPHead
-from lvspec_eval.decoding.tree import TreeConfig, chain_parents
-from lvspec_eval.decoding.types import Draft, Verdict
-from lvspec_eval.decoding.verifiers.exact import ExactVerifier
+from lvspec_eval.decoding.tree import TreeConfig
 
 MAX_NEW = 12
 
@@ -257,26 +256,8 @@ def test_mtp_is_lossless_on_qwen3_5(qwen3_5_family, mtp_targets, tree):
                     {"mtp_checkpoint": str(mtp_targets["sharded"])}, custom_chain=True)
 
 
-class _OracleMTP(MTPDrafter):
-    """Proposes the reference continuation (so drafts get accepted); the feeding is MTP's own."""
-
-    def __init__(self, *args, reference: list[int], **kwargs):
-        super().__init__(*args, **kwargs)
-        self.reference, self.tails = reference, []
-
-    def _grow(self, *args):  # (..., root_logits, root_out, tail, root_index)
-        tail, root_index = args[-2:]
-        self.tails.append(tail)
-        nxt = self.reference[root_index + 1: root_index + 4]
-        return Draft(torch.tensor(nxt, dtype=torch.long), chain_parents(len(nxt)))
-
-
-class _HalfCachedExact(ExactVerifier):
-    """Exact acceptance, but only half of the accepted path keeps its KV: the rest stays pending."""
-
-    def verify(self, draft, scores, visual_hidden=None) -> Verdict:
-        v = super().verify(draft, scores, visual_hidden)
-        return Verdict(v.tokens, v.path, len(v.path) // 2, v.kinds)
+class _OracleMTP(OracleDrafts, MTPDrafter):
+    pass
 
 
 def test_fed_rows_are_the_formula_over_prompt_and_answer(qwen3_5_family, mtp_targets):
@@ -284,7 +265,7 @@ def test_fed_rows_are_the_formula_over_prompt_and_answer(qwen3_5_family, mtp_tar
     case = random_case(4, qwen3_5_family.max_side)
     ref, _ = _run(target, "vanilla", case)
     drafter = _OracleMTP(MTPHead.load(target, folder), target, TreeConfig("chain", depth=3), reference=ref.tokens)
-    out = loop.generate(target, drafter, _HalfCachedExact(), case.prompt, case.videos, MAX_NEW)
+    out = loop.generate(target, drafter, HalfCachedExact(), case.prompt, case.videos, MAX_NEW)
     assert out.tokens == ref.tokens
     assert sum(step.num_accepted for step in out.stats.steps) > 0 and max(drafter.tails) > 0
     # the target's hidden states of prompt + answer, from one prefill and one forward over the answer

@@ -106,21 +106,26 @@ def test_draft_step_cost_does_not_depend_on_visual_tokens(family, tmp_path):
     assert many >= 4 * few and short == long and len(short) == 4  # the root, then 3 tree levels
 
 
-class _OracleSparrow(SparrowDrafter):
-    """Proposes the reference continuation (so drafts get accepted); bookkeeping is Sparrow's own."""
+class OracleDrafts:
+    """Mixed into a hidden-state drafter (Sparrow, MTP): proposes the reference continuation (so
+    drafts get accepted), the feeding and bookkeeping staying the drafter's own."""
 
     def __init__(self, *args, reference: list[int], **kwargs):
         super().__init__(*args, **kwargs)
-        self.reference = reference
+        self.reference, self.tails = reference, []
 
     def _grow(self, *args):  # (tree shape arguments..., root_logits, root_out, tail, root_index)
         tail, root_index = args[-2:]
-        self.tails = getattr(self, "tails", []) + [tail]
+        self.tails.append(tail)
         nxt = self.reference[root_index + 1: root_index + 4]
         return Draft(torch.tensor(nxt, dtype=torch.long), chain_parents(len(nxt)))
 
 
-class _HalfCachedExact(ExactVerifier):
+class _OracleSparrow(OracleDrafts, SparrowDrafter):
+    pass
+
+
+class HalfCachedExact(ExactVerifier):
     """Exact acceptance, but only half of the accepted path keeps its KV: the rest stays pending."""
 
     def verify(self, draft, scores, visual_hidden=None) -> Verdict:
@@ -135,7 +140,7 @@ def test_reused_hidden_states_are_the_targets(family, make_case, tmp_path):
     ref, _ = _run(backend, "vanilla", case)
     head = SparrowHead.load(_head_dir(backend, tmp_path / "head"), backend)
     drafter = _OracleSparrow(head, backend, TreeConfig("chain", depth=3), reference=ref.tokens)
-    out = loop.generate(backend, drafter, _HalfCachedExact(), case.prompt, case.videos, MAX_NEW)
+    out = loop.generate(backend, drafter, HalfCachedExact(), case.prompt, case.videos, MAX_NEW)
     assert out.tokens == ref.tokens
     assert max(drafter.tails) > 0  # some proposals had to feed a pending tail temporarily
     # The target's h for each generated token, from one forward over prompt + answer.
