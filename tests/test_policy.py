@@ -180,7 +180,8 @@ def test_one_token_answers_are_not_drafted_for():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_best_plan_is_the_formula_maximised_over_every_depth_and_width(seed):
     """plan() runs every step, so _best_plan is written as one float loop; it must pick what the
-    module's formula, evaluated plainly through the fits' own predict(), picks."""
+    module's formula, evaluated plainly through the fits' own predict(), picks among the plans near
+    what was measured (each width up to `_deepest`)."""
     import math
 
     policy = make_policy()
@@ -195,7 +196,7 @@ def test_best_plan_is_the_formula_maximised_over_every_depth_and_width(seed):
             + policy.verify.predict([1, 1 + min(width * depth, policy.max_nodes)])
         return expected / cost
 
-    want = max((rate(d, w), d, w) for w in policy.widths for d in range(1, policy.max_depth + 1))
+    want = max((rate(d, w), d, w) for w in policy.widths for d in range(1, policy._deepest(w) + 1))
     got = policy._best_plan()
     assert got[1:] == want[1:] and math.isclose(got[0], want[0], rel_tol=1e-9)
 
@@ -215,13 +216,13 @@ def _warm_policy(draft_level_cost: float) -> AdaptivePolicy:
 def test_the_draft_is_prepared_only_when_the_rest_of_the_answer_repays_it():
     policy = _warm_policy(0.05)
     assert policy.prepare_cost() == pytest.approx(10.0)  # no prefill time given: per prompt token
-    policy.start_sample(64, prompt_tokens=100, prepared=False)  # preparing costs 10 s here
+    policy.start_sample(64, prompt_tokens=300, prepared=False)  # preparing costs 30 s here
     policy.single, policy.since_single = 1.0, 0
     shape, plan = policy.plan(1)
     rate = plan["est_rate"]
     assert rate > plan["vanilla_rate"]  # drafting is faster per token once the draft is there ...
     left = policy.remaining()
-    assert left * (1.0 - 1.0 / rate) < 10.0  # ... but the answer's rest does not repay 10 s
+    assert left * (1.0 - 1.0 / rate) < 30.0  # ... but the answer's rest does not repay 30 s
     assert shape is None and plan["reason"] == "preparing the draft does not pay"
     policy.start_sample(64, prompt_tokens=5, prepared=False)  # a short prompt: 0.5 s to prepare
     policy.since_single = 0
@@ -285,3 +286,116 @@ def test_the_preparation_cost_scales_with_the_requests_prefill_and_is_probed_aga
             policy.is_prepared = True  # (as observe_preparation would; the probe's cost is not of interest)
     probes = [i for i, d in enumerate(decisions) if d]
     assert probes == [PREPARE_PROBE, 3 * PREPARE_PROBE + 1], decisions
+
+
+# ---- guards: plans grow from measured costs; a slowed machine makes it back off ----------------------
+def test_plans_grow_step_by_step_from_what_was_measured():
+    """Right after warm-up the fits extrapolate: a cheap first verification made depth-10, 60-node trees
+    look free. A plan may verify at most GROWTH x the most tokens verified before, one level deeper."""
+    from lvspec_eval.decoding import policy as policy_module
+
+    policy = make_policy()
+    seen_tokens, seen_levels = 1, 0
+    orig = policy.observe
+
+    def observe(step, view, verdict, num_pending):
+        nonlocal seen_tokens, seen_levels
+        plan = step.plan or {}
+        depth, width = plan.get("depth", 0), plan.get("width", 0)
+        # what the plan verifies once choose_total has trimmed the grown tree (simulate verifies it all)
+        assert 1 + width * depth <= policy_module.GROWTH * max(seen_tokens, 2), (depth, width, seen_tokens)
+        assert depth <= seen_levels + 1, (depth, seen_levels)
+        seen_tokens = max(seen_tokens, num_pending + step.num_draft_nodes)
+        seen_levels = max(seen_levels, depth)
+        orig(step, view, verdict, num_pending)
+
+    policy.observe = observe
+    chosen = simulate(policy, lambda t: 1.0 + 0.0005 * t, draft_level_cost=0.02, steps=60, coverage=BROAD)
+    assert max(d for d, _ in chosen) >= 5 and max(w for _, w in chosen) >= 4, chosen  # it still gets there
+
+
+def test_the_nodes_verified_stay_near_what_was_measured():
+    policy = make_policy()
+    simulate(policy, lambda t: 1.0 + 0.0005 * t, draft_level_cost=0.02, steps=3, coverage=BROAD)
+    values = torch.zeros(60)  # 60 grown nodes, each certain to be accepted
+    assert policy.choose_total(values, 4, 20) <= 2 * policy.max_tokens - 1
+
+
+def _two_regimes(policy, first, second, steps, switch):
+    """simulate() with the verification cost `first` for the first `switch` steps, then `second`."""
+    count = {"n": 0}
+
+    def cost(t):
+        count["n"] += 1
+        return (first if count["n"] <= switch else second)(t)
+
+    return simulate(policy, cost, draft_level_cost=0.05, steps=steps, coverage=SHARP)
+
+
+def test_backs_off_within_a_few_steps_when_a_neighbour_slows_multi_token_forwards():
+    """A stall injected into the target's multi-token forwards from step 80 on (a neighbour taking the
+    cores: the one-token step barely changes, a tree forward costs 4x): drafting stops paying, and the
+    policy must stop drafting within a few steps, then keep probing rarely."""
+    policy = make_policy()
+    fast = lambda t: 1.0 + 0.02 * t  # noqa: E731
+    slow = lambda t: 1.0 if t == 1 else 4.0 + 0.5 * t  # noqa: E731
+    chosen = _two_regimes(policy, fast, slow, steps=140, switch=80)
+    assert sum(d > 0 for d, _ in chosen[40:80]) >= 35, chosen[40:80]  # drafting paid before
+    after = chosen[80:]
+    assert sum(d > 0 for d, _ in after[3:20]) <= 4, after[:20]  # within a few steps: only probes
+    assert sum(d > 0 for d, _ in after[20:]) <= 3, after[20:]  # then ever rarer probes
+
+
+def test_recovers_when_the_neighbour_leaves():
+    policy = make_policy()
+    fast = lambda t: 1.0 + 0.02 * t  # noqa: E731
+    slow = lambda t: 1.0 if t == 1 else 4.0 + 0.5 * t  # noqa: E731
+    chosen = _two_regimes(policy, slow, fast, steps=200, switch=60)
+    assert sum(d > 0 for d, _ in chosen[150:]) >= 40, chosen[150:]  # drafting again, found by its probes
+
+
+def test_a_uniform_slowdown_keeps_drafting():
+    """A neighbour that slows every forward alike (one token and many) leaves speculation paying: the
+    policy re-measures the plain step in the same stretch and keeps drafting."""
+    policy = make_policy()
+    fast = lambda t: 1.0 + 0.02 * t  # noqa: E731
+    chosen = _two_regimes(policy, fast, lambda t: 3.0 * fast(t), steps=140, switch=80)
+    assert sum(d > 0 for d, _ in chosen[90:]) >= 45, chosen[90:]
+
+
+# ---- the same guard in the engine: a stall injected into the target's multi-token forwards ----------
+@pytest.mark.parametrize("family", ["qwen2_5_vl"], indirect=True)
+def test_engine_backs_off_when_multi_token_forwards_stall(family, make_case, monkeypatch):
+    """Self-SD on a tiny target whose every forward is made to cost 20 ms whatever its size (a large
+    model on a GPU: every draft token accepted, drafting pays), then from the answer's 40th token on
+    each multi-token forward stalls 0.25 s (a neighbour): within a few steps the adaptive policy
+    stops drafting (probes aside), and the tokens stay vanilla's."""
+    import time
+
+    from lvspec_eval.decoding import loop, methods
+
+    target, forward, start = family.target, family.target.forward, {}
+    base, stall = 0.02, 0.25
+
+    def slowed(state, tokens, *args, **kwargs):
+        start.setdefault("pos", state.next_pos)  # the first forward after the prefill
+        late = state.next_pos - start["pos"] >= 40  # 40 tokens into the answer, a neighbour arrives
+        time.sleep(stall if late and tokens.numel() > 1 else base)
+        return forward(state, tokens, *args, **kwargs)
+
+    case = make_case(3, family.max_side)
+    vanilla_spec, spec = methods.resolve("vanilla"), methods.resolve("sd_tree")
+    vanilla = loop.generate(target, *methods.build(vanilla_spec, methods.make_options(vanilla_spec, {}), None, target),
+                            case.prompt, case.videos, 160)
+    monkeypatch.setattr(target, "forward", slowed)
+    drafter, verifier = methods.build(spec, methods.make_options(spec, {"tree": "adaptive", "tree_depth": 6}),
+                                      None, target)
+    out = loop.generate(target, drafter, verifier, case.prompt, case.videos, 160)
+    assert out.tokens == vanilla.tokens and len(out.tokens) == 160
+    steps = out.stats.steps
+    first = next(i for i, s in enumerate(steps) if s.verify_s >= stall)
+    assert sum(s.num_draft_nodes > 0 for s in steps[:first]) >= 4  # it drafted while that paid
+    later = steps[first + 4:]
+    assert len(later) >= 20, len(later)
+    drafted = [s.plan.get("reason") for s in later if s.num_draft_nodes]
+    assert len(drafted) <= max(3, len(later) // 6) and set(drafted) <= {"probe"}, drafted

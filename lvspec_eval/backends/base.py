@@ -29,7 +29,7 @@ import torch
 from transformers import DynamicCache
 
 from ..decoding import tree
-from . import attention, linear_state
+from . import attention, linear_kernels, linear_state
 from ..decoding.types import Draft, Scores, Verdict
 
 FINAL = -1  # hidden-layer key for the final normalised hidden state (what the LM head reads)
@@ -120,6 +120,8 @@ def stop_token_ids(model, tokenizer) -> set[int]:
 
 class Backend:
     """Base class; subclasses implement `prepare`, `_visual_embeds`, `position_ids`, `text_model`."""
+
+    kernels: linear_kernels.KernelReport | None = None  # CPU kernels load_backend installed (None: nn.Linear)
 
     def __init__(self, model, tokenizer, device: torch.device | str = "cpu"):
         self.model = model
@@ -305,11 +307,15 @@ class Backend:
         positions = self.position_ids(state.extra, state.next_pos + pos_offsets.to(self.device))
         # linear-attention layers: the tree (visible), or a plain step run by the model's own kernel
         ancestors = visible if visible is not None else linear_state.PLAIN
-        with self.capture_hidden(hidden_layers) as hidden, linear_state.temporary(ancestors):
+        # several tokens: linear layers may take the kernel measured fastest for that many rows
+        # (linear_kernels.py, CPU only); one token: exactly transformers' own path
+        kernels = linear_kernels.multi_token() if m > 1 else contextlib.nullcontext()
+        with self.capture_hidden(hidden_layers) as hidden, linear_state.temporary(ancestors), kernels:
             out = self.text_model()(input_ids=tokens.view(1, -1).to(self.device), position_ids=positions,
                                     attention_mask=mask, cache=state.cache, use_cache=True)
+            logits = self.lm_head(out.last_hidden_state[0])
         state.temp_len += m
-        return self.lm_head(out.last_hidden_state[0]), dict(hidden)
+        return logits, dict(hidden)
 
     def keep(self, state: DecodeState, temp: int | list[int] | torch.Tensor) -> None:
         """Commit temporary entries into contiguous slots and drop the others.

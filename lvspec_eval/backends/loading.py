@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from . import attention, linear_state
+from . import attention, linear_kernels, linear_state
 from .base import Backend
 from .frame_rules import check_rule
 from .chat_template import load_tokenizer
@@ -114,10 +114,14 @@ def placement(device: str, device_map: str | dict | None) -> dict:
 
 def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_implementation: str = "sdpa",
                  device_map: str | None = None, min_pixels: int | None = None,
-                 max_pixels: int | None = None, video_rule: str = "fps") -> Backend:
-    """video_rule: how frames are sized (frame_rules.py); `fps` keeps the checkpoint's own limits."""
+                 max_pixels: int | None = None, video_rule: str = "fps", cpu_kernels: str = "torch") -> Backend:
+    """video_rule: how frames are sized (frame_rules.py); `fps` keeps the checkpoint's own limits.
+    cpu_kernels: on a CPU, `auto` / `measure` pick the linear layers' kernels for multi-token forwards
+    by measuring (linear_kernels.py; `measure` ignores the cached measurements); `torch`: nn.Linear."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
+    if cpu_kernels not in linear_kernels.MODES:
+        raise ValueError(f"cpu_kernels={cpu_kernels!r}; expected one of {', '.join(linear_kernels.MODES)}")
     attention.tree_path(attn_implementation)  # refuse an unsupported kernel before loading anything
     path = resolve_path(name)
     config = AutoConfig.from_pretrained(path)
@@ -131,4 +135,7 @@ def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_im
     linear_state.install(model)  # Gated DeltaNet layers (Qwen3.5) follow draft trees and roll back
     tokenizer = load_tokenizer(path)  # with the processor's chat template (chat_template.json) if it has one
     overrides = _preprocess_overrides(path, video_rule, min_pixels=min_pixels, max_pixels=max_pixels)
-    return families[config.model_type].from_pretrained_parts(model, tokenizer, model.device, overrides)
+    backend = families[config.model_type].from_pretrained_parts(model, tokenizer, model.device, overrides)
+    # None where nothing was installed (an accelerator, cpu_kernels=torch, or nn.Linear fastest throughout)
+    backend.kernels = linear_kernels.install([backend.text_model(), model.lm_head], cpu_kernels)
+    return backend

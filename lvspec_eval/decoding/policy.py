@@ -5,7 +5,7 @@ decoding. Both sides depend on the pair and the hardware: on a CPU a 17-node ver
 2-2.5x a one-token step, on a GPU about the same as one token; a 0.5B draft costs a third of a
 1.5B target, the demo's draft an eighth. So the policy measures, per run and on the device in use:
 
-- what a plain one-token target step costs:    step                          (decayed mean of such steps)
+- what a plain one-token target step costs:    step                          (median of the recent ones)
 - what a target forward over t >= 2 tokens costs: verify(t) = a + b t         (online least squares;
   kept apart from the one-token step, which often takes another kernel path: on this project's CPU a
   2-token forward can cost 2-5x a 1-token one, on a GPU about the same)
@@ -33,6 +33,15 @@ every EXPLORE_EVERY-th drafting step tries a neighbouring width, so the cost of 
 of a node can be told apart and every width's acceptance keeps being measured. After growing the tree it keeps the n nodes with the
 highest calibrated path values v (the product of f(q) along the path: the chance that the path to
 the node is accepted), n maximising (1 + sum of the n best v) / (draft so far + verify(1 + n)).
+Three guards keep it from losing where its model is wrong (a shared machine, a cost curve it has
+not seen). It never draws a plan whose cost it has not measured: a plan verifies at most GROWTH
+times the most tokens verified so far and drafts at most one level deeper than before, so trees
+grow step by step from measured costs instead of from the fits' extrapolation. A step SURPRISE
+times slower or faster than its fit predicts, SURPRISES times in a row, means the machine changed
+(a neighbour came or went): the next step re-measures the plain step and the fits forget what came
+before, so plain decoding and drafting are compared in the same stretch. And the rate drafting
+actually realised over the last RECENT_STEPS drafting steps (tokens committed over their time) is
+held against the plain step: below it, the policy backs off as when no plan pays.
 Preparing the draft (draft_prepare=lazy, the default with this policy): a request's draft (pruning,
 its vision tower, its prefill) is prepared only on the first step that drafts, and only if
     (tokens the answer still needs) x (plain step - 1 / rate) > (expected preparation cost),
@@ -63,6 +72,10 @@ EXPLORE_EVERY = 8  # every this many drafting steps, one tries a neighbouring tr
 PREPARE_PROBE = 4  # requests refused a draft preparation before one prepares anyway (then 8, 16, ...)
 RECENT = 8  # preparations whose median cost estimates the next one
 CHEAP_SHARE = 0.05  # a preparation under this share of the answer's expected plain decoding is always made
+GROWTH = 2  # a plan verifies at most GROWTH x the most tokens verified so far, and drafts one level deeper
+SURPRISE = 1.5  # a step this many times slower (or faster) than its fit predicts is a surprise
+SURPRISES = 2  # surprises in a row that mean the machine changed: re-measure the plain step, forget old costs
+RECENT_STEPS = 8  # drafting steps whose realised rate is held against the plain step
 
 
 class OnlineLinear:
@@ -84,6 +97,11 @@ class OnlineLinear:
         self.xty = self.decay * self.xty + v * y
         self.count += 1
         self._theta = None
+
+    def reset(self) -> None:
+        """Forget every observation and the prior (the machine changed): the next one sets both."""
+        self.xtx, self.xty = np.zeros_like(self.xtx), np.zeros_like(self.xty)
+        self.prior, self.count, self._theta = None, 0, None
 
     def theta(self) -> np.ndarray | None:
         if self.prior is None:
@@ -160,7 +178,8 @@ class AdaptivePolicy:
         self.calibration = Calibration()
         self._table = torch.tensor(self.calibration.table(), device=device).log()
         self._table_age = 0
-        self.single: float | None = None  # decayed mean cost of a plain one-token step
+        self.single: float | None = None  # cost of a plain one-token step: the median of the recent ones
+        self.plain_times: list[float] = []  # the last RECENT_STEPS plain steps' seconds (a spike moves no median)
         # decayed mean answer length (tokens) per request budget (max_new_tokens, which lmms-eval sets
         # per task): a run of multiple-choice and caption tasks keeps one mean for each
         self.mean_lengths: dict[int | None, float] = {}
@@ -184,6 +203,9 @@ class AdaptivePolicy:
         self.since_single = 0  # drafting steps since the last plain step
         self.num_single = 0  # plain steps measured so far
         self.drafting_steps = 0
+        self.max_tokens, self.max_levels = 1, 0  # the largest verification and draft depth measured
+        self.surprises = {False: 0, True: 0}  # per kind (plain, drafting): steps in a row SURPRISE x off
+        self.recent: list[tuple[int, float]] = []  # (tokens committed, seconds) of recent drafting steps
 
     # ---- choosing ---------------------------------------------------------------------------------
     def start_sample(self, budget: int | None = None, prompt_tokens: int = 0, prepared: bool = True,
@@ -289,6 +311,10 @@ class AdaptivePolicy:
             info["prepare_est_s"] = self.prepare_cost()
             if not self.preparation_pays(rate):
                 return None, {**info, "depth": 0, "width": 0, "reason": "preparing the draft does not pay"}
+        if rate >= vanilla and self._realised_rate() < vanilla:  # the model says it pays; the steps say not
+            info["reason"], info["realised_rate"] = "realised rate below plain", self._realised_rate()
+            self.recent = self.recent[len(self.recent) // 2:]  # the next probes decide afresh
+            rate = 0.0
         if rate < vanilla:
             self.skipped += 1
             if self.skipped < self.probe_every:
@@ -306,9 +332,23 @@ class AdaptivePolicy:
             i = self.widths.index(width)
             width = self.widths[i + 1] if (self.drafting_steps // EXPLORE_EVERY) % 2 and i + 1 < len(self.widths) \
                 else self.widths[max(i - 1, 0)] if i else self.widths[1]
-            info.update(width=width, reason="explore width", model_accepted=self._model_accepted(
+            depth = max(1, min(depth, self._deepest(width)))  # a wider tree stays within what was measured
+            info.update(width=width, depth=depth, reason="explore width", model_accepted=self._model_accepted(
                 self.accept_rate(width), depth))
         return dynamic_shape(depth, width, width, None), info
+
+    def _deepest(self, width: int) -> int:
+        """The deepest plan of `width` whose cost is known well enough: at most GROWTH x the most
+        tokens verified so far, and one level deeper than the deepest draft so far."""
+        by_tokens = (GROWTH * max(self.max_tokens, 2) - 1) // width
+        return min(self.max_depth, self.max_levels + 1, by_tokens)
+
+    def _realised_rate(self) -> float:
+        """Tokens per second the recent drafting steps committed (inf until two of them)."""
+        if len(self.recent) < 2:
+            return math.inf
+        tokens, seconds = (sum(x) for x in zip(*self.recent))
+        return tokens / seconds if seconds > 0 else math.inf
 
     def accept_rates(self) -> dict[int, float]:
         """c_w for every width. A width not tried much borrows from the next narrower one: its prior
@@ -339,7 +379,7 @@ class AdaptivePolicy:
             # does not rule a width out for the rest of the run
             c = min(0.99, rate + 0.3 / (1.0 + self.accept[width].trials))
             accepted, c_d = 0.0, 1.0  # sum of c^d' for d' <= depth, as _model_accepted(c, depth)
-            for depth in range(1, self.max_depth + 1):
+            for depth in range(1, self._deepest(width) + 1):  # only plans near what was measured
                 c_d *= c
                 accepted += c_d
                 expected = 1.0 + min(useful, k * accepted)
@@ -364,7 +404,8 @@ class AdaptivePolicy:
 
     def choose_total(self, values: torch.Tensor, levels_fed: int, nodes_fed: int) -> int:
         """How many nodes to verify, from the grown tree's calibrated path values (one transfer)."""
-        v = sorted(math.exp(x) for x in values.tolist())[::-1][: self.max_nodes]
+        cap = min(self.max_nodes, GROWTH * max(self.max_tokens, 2) - 1)  # never verify far past what was measured
+        v = sorted(math.exp(x) for x in values.tolist())[::-1][:cap]
         if self.verify.prior is None or self.draft.prior is None:  # the probe: verify what was drafted
             return len(v)
         spent = self.draft.predict([1, levels_fed, nodes_fed])
@@ -384,21 +425,29 @@ class AdaptivePolicy:
         tokens = num_pending + step.num_draft_nodes
         ends = [i for i, t in enumerate(verdict.tokens) if t in self.eos_token_ids]
         self.sample_tokens = self.generated + (ends[0] + 1 if ends else len(verdict.tokens))
+        surprise = self._surprise(step, tokens, depth, plan.get("nodes_fed", 0))  # against the fits before this step
+        if surprise:  # the machine changed: what was measured before goes, this step's cost is the first kept
+            self._forget_costs()
         if tokens == 1:  # a plain one-token step
             self.num_single += 1
-            weight = max(0.2, 1.0 / self.num_single)  # a running mean first, then decayed
-            self.single = step.verify_s if self.single is None else (1 - weight) * self.single + weight * step.verify_s
+            self.plain_times = (self.plain_times + [step.verify_s])[-RECENT_STEPS:]
+            self.single = float(np.median(self.plain_times))
             self.since_single = 0
         else:
+            self.max_tokens = max(self.max_tokens, tokens)
             self.verify.add([1, tokens], step.verify_s)
             if self.verify.prior is None:
                 t = step.verify_s
                 self.verify.prior = np.array([t, 0.05 * t])
         if depth:
+            self.max_levels = max(self.max_levels, depth)
+            self.recent = (self.recent + [(len(verdict.tokens), step.draft_s + step.verify_s)])[-RECENT_STEPS:]
             self.draft.add([1, depth - 1, plan.get("nodes_fed", 0)], step.draft_s)
         if self.draft.prior is None and depth:
             unit = step.draft_s / depth
             self.draft.prior = np.array([unit, unit, 0.05 * unit])
+        if surprise:  # plans grow again from a one-token draft: larger ones are not measured in this regime
+            self.max_tokens, self.max_levels = 2, 1
         if view is None or not step.num_draft_nodes:
             return
         kids = [[] for _ in range(len(view.parents) + 1)]
@@ -431,6 +480,34 @@ class AdaptivePolicy:
         if self._table_age >= 8:  # refresh the device copy now and then (one small host-to-device copy)
             self._table = torch.tensor(self.calibration.table(), device=self.device).log()
             self._table_age = 0
+
+    def _surprise(self, step: StepStats, tokens: int, depth: int, nodes_fed: int) -> bool:
+        """Whether this step ends a run of steps whose cost was SURPRISE x off what the fits predicted
+        (SURPRISES in a row of its kind, plain or drafting: one slow step is noise; one probe after a
+        back-off that is cheaper than predicted is enough, as probes are rare): the machine changed."""
+        if tokens == 1:
+            predicted, actual = self.single, step.verify_s
+        else:
+            predicted = self.verify.predict([1, tokens]) if self.verify.prior is not None else None
+            if depth and self.draft.prior is not None and predicted is not None:
+                predicted += self.draft.predict([1, depth - 1, nodes_fed])
+            actual = step.verify_s + (step.draft_s if depth else 0.0)
+        if not predicted or not math.isfinite(predicted) or predicted <= 0:
+            return False
+        off, kind = actual / predicted, tokens > 1
+        self.surprises[kind] = self.surprises[kind] + 1 if off > SURPRISE or off < 1 / SURPRISE else 0
+        cheaper_probe = (step.plan or {}).get("reason") == "probe" and off < 1 / SURPRISE
+        return self.surprises[kind] >= (1 if cheaper_probe else SURPRISES)
+
+    def _forget_costs(self) -> None:
+        """A neighbour came or went: measure the plain step next (its mean follows it quickly), and
+        drop the measured costs: this step's sets the fits' priors anew, as a run's first one does."""
+        self.surprises = {False: 0, True: 0}
+        self.since_single = REFRESH_EVERY  # the next step is a plain one, and its cost is the plain step's
+        self.num_single, self.plain_times = min(self.num_single, 1), []
+        for fit in (self.verify, self.draft):
+            fit.reset()
+        self.recent = []
 
     def estimates(self) -> dict:
         """The current estimates, for the stats record (so a user can see why it drafted as it did)."""

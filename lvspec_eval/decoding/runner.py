@@ -40,17 +40,18 @@ class Runner:
                  dtype: str = "float32", attn_implementation: str = "sdpa", options: dict | None = None,
                  drafter: str | None = None, verifier: str | None = None, device_map: str | None = None,
                  min_pixels: int | None = None, max_pixels: int | None = None, video_rule: str = "fps",
-                 target_backend=None, draft_backend=None, paired_timing: bool = False):
+                 target_backend=None, draft_backend=None, paired_timing: bool = False, cpu_kernels: str = "auto"):
         """target_backend / draft_backend: already loaded backends to share (benchmarks run several
         methods on one model in one process). paired_timing: also decode every request with vanilla
         greedy on the same target, right before or after the method (alternating), and put its
         timings in the record (vanilla_decode_s, vanilla_e2e_s, vanilla_num_new_tokens,
-        vanilla_tokens): speedups on the same clock even when each method is its own lmms-eval run."""
+        vanilla_tokens): speedups on the same clock even when each method is its own lmms-eval run.
+        cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py)."""
         self.spec = methods.resolve(method, drafter, verifier)
         self.method = method if method != "custom" else f"custom:{self.spec.drafter}+{self.spec.verifier}"
         self.options = methods.make_options(self.spec, options or {})
         load = dict(device=device, dtype=dtype, attn_implementation=attn_implementation, device_map=device_map,
-                    min_pixels=min_pixels, max_pixels=max_pixels, video_rule=video_rule)
+                    min_pixels=min_pixels, max_pixels=max_pixels, video_rule=video_rule, cpu_kernels=cpu_kernels)
         self.target = target_backend or load_backend(pretrained, **load)
         self.draft_backend = None
         if self.spec.drafter in ("model", "pruned") and draft not in (None, "self"):

@@ -34,6 +34,7 @@ from tqdm import tqdm
 from judges.oracle import correct_facts, score_caption
 
 from . import prompts as bench_prompts
+from ..backends import linear_kernels
 from ..backends.base import Backend
 from ..backends.loading import load_backend
 from ..decoding import loop
@@ -274,6 +275,10 @@ def _parse_kv(text: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.forward_cost:
+        from . import forward_cost
+
+        return forward_cost.run(args)
     if args.cost_model:
         from . import cost_model
 
@@ -283,7 +288,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.hf_assisted and args.draft in (None, "self"):
         raise ValueError(f"--hf-assisted needs a draft model to assist with (--draft), got {args.draft!r}")
     torch.set_num_threads(args.threads)
-    load = dict(device=args.device, dtype=args.dtype)
+    load = dict(device=args.device, dtype=args.dtype, cpu_kernels=args.cpu_kernels)
     target = load_backend(args.model, **load)
     draft = load_backend(args.draft, **load) if args.draft not in (None, "self") else None
     options = _parse_kv(args.options)
@@ -388,6 +393,13 @@ def register(sub) -> None:
                    help="also time transformers' assisted generation: generate(assistant_model=the draft)")
     p.add_argument("--records", default=None, help="write per-sample records (JSONL) here")
     p.add_argument("--out", default=None, help="write the JSON result here")
+    p.add_argument("--cpu-kernels", default="auto", choices=linear_kernels.MODES,
+                   help="on a CPU, the linear layers' kernels for multi-token forwards (backends/linear_kernels.py)")
+    p.add_argument("--forward-cost", action="store_true",
+                   help="print the target's (and draft's) forward cost for 1..64 new tokens against the one-token "
+                        "step and the hardware's floor (forward_cost.py), instead of timing methods")
+    p.add_argument("--cache-len", type=int, default=1024, help="with --forward-cost: the cache length to forward over")
+    p.add_argument("--repeats", type=int, default=5, help="with --forward-cost: forwards timed per token count")
     p.add_argument("--cost-model", action="store_true", help="real-size random-weight cost model (see cost_model.py)")
     try:
         from . import cost_model

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..backends import linear_kernels
 from ..backends.frame_rules import VIDEO_RULES
 from ..backends.loading import DEMO_NAMES, DTYPES
 from ..decoding import methods
@@ -45,6 +46,9 @@ class ModelArgs:
     device: str | None = None  # default: cuda if available, else cpu
     dtype: str | None = None  # default: float32 on cpu, bfloat16 on cuda
     attn_implementation: str = "sdpa"
+    # on a CPU, the linear layers' kernels for multi-token forwards (verification, drafting): auto = the
+    # fastest measured on this machine (cached), measure = measure again, torch = nn.Linear throughout
+    cpu_kernels: str = "auto"
     device_map: str | None = None
     max_frames: int | None = None  # default 32 (demo: 512, the longest synthvid videos' frame count)
     fps: float | None = None  # default 2.0 (demo: the rate the demo models were trained at)
@@ -111,6 +115,7 @@ class ModelArgs:
         options.prune_config()
         _one_of("dtype", self.dtype, tuple(DTYPES))
         _one_of("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
+        _one_of("cpu_kernels", self.cpu_kernels, linear_kernels.MODES)
         _one_of("on_device_error", self.on_device_error, ON_DEVICE_ERROR)
         _one_of("until", self.until, UNTIL_MODES)
         if self.thinking is not None:  # lmms-eval half-types true/false: accept them for on/off
@@ -138,7 +143,7 @@ class ModelArgs:
                 "dtype": self.dtype, "attn_implementation": self.attn_implementation, "options": dict(self.options),
                 "drafter": self.drafter, "verifier": self.verifier, "device_map": self.device_map,
                 "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing,
-                "video_rule": self.video_rule}
+                "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels}
 
 
 # ---- typing helpers -----------------------------------------------------------------------------
