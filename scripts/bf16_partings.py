@@ -17,7 +17,8 @@ gets its logits four ways (tests/bf16_nodes.py), and the line counts:
   engine!=path  nodes where it differs from whole_path's in any bit
 
 With --generate N: greedy sd_tree (the target drafting for itself, tree=dynamic) against vanilla on
---prompts prompts, at most N new tokens each: how many part, and at which token.
+--prompts prompts, at most N new tokens each: vanilla's tokens in all, how many prompts part, and
+at which token.
 
     python scripts/bf16_partings.py                                   # every family, scales 1 4 16
     python scripts/bf16_partings.py --families qwen3_5 --generate 64 --prompts 18
@@ -70,9 +71,9 @@ def node_counts(backend, trees: int, nodes: int) -> dict:
     return counts
 
 
-def partings(backend, prompts: int, max_new: int) -> list[int]:
-    """The first differing token of each prompt where sd_tree parts from vanilla."""
-    parted = []
+def partings(backend, prompts: int, max_new: int) -> tuple[list[int], int]:
+    """(the first differing token of each prompt where sd_tree parts from vanilla, vanilla's tokens in all)."""
+    parted, total = [], 0
     runs = {name: methods.resolve(name) for name in ("vanilla", "sd_tree")}
     for seed in range(prompts):
         case = random_case(1000 + seed, MAX_SIDE)
@@ -81,9 +82,10 @@ def partings(backend, prompts: int, max_new: int) -> list[int]:
             drafter, verifier = methods.build(spec, methods.make_options(spec, {"tree": "dynamic"}), None, backend)
             out[name] = loop.generate(backend, drafter, verifier, case.prompt, case.videos, max_new).tokens
         a, b = out["vanilla"], out["sd_tree"]
+        total += len(a)
         if a != b:
             parted.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
-    return parted
+    return parted, total
 
 
 def main() -> None:
@@ -106,8 +108,8 @@ def main() -> None:
                 backend = load(path, scale)
                 line = {"family": family, "scale": scale, **node_counts(backend, args.trees, args.nodes)}
                 if args.generate:
-                    parted = partings(backend, args.prompts, args.generate)
-                    line.update(prompts=args.prompts, parted=len(parted), parted_at=parted)
+                    parted, total = partings(backend, args.prompts, args.generate)
+                    line.update(prompts=args.prompts, vanilla_tokens=total, parted=len(parted), parted_at=parted)
                 print(" ".join(f"{k}={v}" for k, v in line.items()), flush=True)
                 lines.append(line)
     if args.out:
