@@ -15,10 +15,13 @@ gets its logits four ways (tests/bf16_nodes.py), and the line counts:
               additive mask and positions ("-": not possible with linear-attention layers)
   engine!=flat  nodes where the engine's row differs from flat_tree's in any bit ("-" as above)
   engine!=path  nodes where it differs from whole_path's in any bit
+  worst/tol   the largest difference between a node's engine row and its one-token row, in units of
+              the report's near-tie tolerance there (reporting/divergence.py: 4 bf16 steps of the
+              row's top logit): below 1, a parting at that node is classified a near-tie
 
 With --generate N: greedy sd_tree (the target drafting for itself, tree=dynamic) against vanilla on
 --prompts prompts, at most N new tokens each: vanilla's tokens in all, how many prompts part, and
-at which token.
+at which token, each parting classified as the report does (near_tie: numerics; elsewhere: a bug).
 
     python scripts/bf16_partings.py                                   # every family, scales 1 4 16
     python scripts/bf16_partings.py --families qwen3_5 --generate 64 --prompts 18
@@ -40,6 +43,7 @@ from conftest import TARGET_CHECKPOINTS, random_case  # noqa: E402
 
 from lvspec_eval.backends.loading import load_backend  # noqa: E402
 from lvspec_eval.decoding import loop, methods  # noqa: E402
+from lvspec_eval.reporting import divergence  # noqa: E402
 
 LAYOUT = {"qwen3_5": {"full_every": 4}}  # Qwen3.5's released models: every fourth layer full attention
 MAX_SIDE = 80  # frame sides drawn from [14, MAX_SIDE]
@@ -53,7 +57,8 @@ def load(path: Path, scale: float):
 
 def node_counts(backend, trees: int, nodes: int) -> dict:
     vocab = backend.model.config.get_text_config().vocab_size
-    counts = dict.fromkeys(("nodes", "engine", "whole_path", "flat_tree", "engine!=flat", "engine!=path"), 0)
+    counts = dict.fromkeys(("nodes", "engine", "whole_path", "flat_tree", "engine!=flat", "engine!=path",
+                            "worst/tol"), 0)
     for seed in range(trees):
         case = random_case(seed, MAX_SIDE)
         state = bf16_nodes.committed_state(backend, case.prompt, case.videos)
@@ -63,6 +68,9 @@ def node_counts(backend, trees: int, nodes: int) -> dict:
         counts["engine"] += rows.argmax_differences(rows.engine)
         counts["whole_path"] += rows.argmax_differences(rows.whole_path)
         counts["engine!=path"] += int((rows.engine != rows.whole_path).any(-1).sum())
+        for ours, theirs in zip(rows.engine, rows.one_token):
+            worst = float((ours - theirs).abs().max()) / divergence.tolerance("bfloat16", float(theirs.abs().max()))
+            counts["worst/tol"] = round(max(counts["worst/tol"], worst), 2)
         if rows.flat_tree is None:
             counts["flat_tree"] = counts["engine!=flat"] = "-"
         else:
@@ -71,8 +79,10 @@ def node_counts(backend, trees: int, nodes: int) -> dict:
     return counts
 
 
-def partings(backend, prompts: int, max_new: int) -> tuple[list[int], int]:
-    """(the first differing token of each prompt where sd_tree parts from vanilla, vanilla's tokens in all)."""
+def partings(backend, prompts: int, max_new: int) -> tuple[list[str], int]:
+    """(where sd_tree parts from vanilla, "token:class" per parted prompt, the class as the report's
+    divergence table gives it (reporting/divergence.py: near_tie or elsewhere, at its default logit
+    scale); vanilla's tokens in all)."""
     parted, total = [], 0
     runs = {name: methods.resolve(name) for name in ("vanilla", "sd_tree")}
     for seed in range(prompts):
@@ -80,11 +90,13 @@ def partings(backend, prompts: int, max_new: int) -> tuple[list[int], int]:
         out = {}
         for name, spec in runs.items():
             drafter, verifier = methods.build(spec, methods.make_options(spec, {"tree": "dynamic"}), None, backend)
-            out[name] = loop.generate(backend, drafter, verifier, case.prompt, case.videos, max_new).tokens
-        a, b = out["vanilla"], out["sd_tree"]
-        total += len(a)
-        if a != b:
-            parted.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
+            out[name] = loop.generate(backend, drafter, verifier, case.prompt, case.videos, max_new)
+        total += len(out["vanilla"].tokens)
+        records = [{"task": "bf16", "doc_id": seed, "tokens": o.tokens, "margins": o.margins, "dtype": "bfloat16"}
+                   for o in (out["sd_tree"], out["vanilla"])]
+        _, div = divergence.compare(*records)
+        if div is not None:
+            parted.append(f"{div.index}:{div.kind}")
     return parted, total
 
 
