@@ -204,7 +204,7 @@ def test_bfloat16_tree_nodes_part_from_one_token_decoding_no_more_than_transform
     than one-token decoding of the node's path at no more nodes than transformers' own forward over
     the whole path does (0 extra), and lies within the report's near-tie tolerance of that forward.
     A convolution that rounded each bf16 product (before the fix) put 6-13 of 220 nodes on another
-    token at these scales, and rows up to 300 bf16 steps of the top logit away."""
+    token at these scales (scripts/bf16_partings.py), and rows up to 37 tolerances away."""
     backend = load_backend(str(released_layout), dtype="bfloat16")
     bf16_nodes.scale_weights(backend.model, scale)
     extra, worst = 0, 0.0  # worst: the largest row difference, in near-tie tolerances
