@@ -231,30 +231,40 @@ def _save_llava(model, tokenizer, path: Path) -> None:
 # Fixtures
 
 
-def _build(model_cls, config, tokenizer, save, path: Path, seed: int) -> Backend:
+def build_qwen2_5_vl_checkpoint(path: Path, hidden: int = 64, layers: int = 2, seed: int = 1) -> Path:
+    """Save a tiny random Qwen2.5-VL checkpoint at `path`."""
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
     torch.manual_seed(seed)
-    model = model_cls(config).eval()
-    save(model, tokenizer, path)
-    return load_backend(str(path), device="cpu", dtype="float32")
+    _save_qwen(Qwen2_5_VLForConditionalGeneration(_qwen_config(tok, hidden, layers)).eval(), tok, path)
+    return path
+
+
+def build_llava_checkpoint(path: Path, hidden: int = 64, layers: int = 2, seed: int = 3) -> Path:
+    """Save a tiny random LLaVA-OneVision checkpoint at `path`."""
+    tok = _llava_tokenizer()
+    torch.manual_seed(seed)
+    _save_llava(LlavaOnevisionForConditionalGeneration(_llava_config(tok, hidden, layers)).eval(), tok, path)
+    return path
+
+
+# Each family's target as its fixture builds it (scripts/bf16_partings.py builds them too).
+TARGET_CHECKPOINTS = {"qwen2_5_vl": build_qwen2_5_vl_checkpoint, "llava_onevision": build_llava_checkpoint,
+                      "qwen3_vl": build_qwen3_checkpoint, "qwen3_5": build_qwen3_5_checkpoint}
 
 
 @pytest.fixture(scope="session")
 def qwen_family(tmp_path_factory) -> Family:
-    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
     root = tmp_path_factory.mktemp("qwen")
-    cls = Qwen2_5_VLForConditionalGeneration
-    target = _build(cls, _qwen_config(tok, 64, 2), tok, _save_qwen, root / "target", seed=1)
-    draft = _build(cls, _qwen_config(tok, 32, 1), tok, _save_qwen, root / "draft", seed=2)
+    target = load_backend(str(build_qwen2_5_vl_checkpoint(root / "target", 64, 2, seed=1)))
+    draft = load_backend(str(build_qwen2_5_vl_checkpoint(root / "draft", 32, 1, seed=2)))
     return Family("qwen2_5_vl", target, draft, _qwen_hf_kwargs, max_side=84)
 
 
 @pytest.fixture(scope="session")
 def llava_family(tmp_path_factory) -> Family:
-    tok = _llava_tokenizer()
     root = tmp_path_factory.mktemp("llava")
-    cls = LlavaOnevisionForConditionalGeneration
-    target = _build(cls, _llava_config(tok, 64, 2), tok, _save_llava, root / "target", seed=3)
-    draft = _build(cls, _llava_config(tok, 32, 1), tok, _save_llava, root / "draft", seed=4)
+    target = load_backend(str(build_llava_checkpoint(root / "target", 64, 2, seed=3)))
+    draft = load_backend(str(build_llava_checkpoint(root / "draft", 32, 1, seed=4)))
     return Family("llava_onevision", target, draft, _llava_hf_kwargs, max_side=80)
 
 

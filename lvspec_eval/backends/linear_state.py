@@ -170,8 +170,11 @@ def tree_forward(module, hidden_states: torch.Tensor, layer, visible: torch.Tens
     committed = conv_state.shape[-1]
     history = torch.cat([conv_state, temp.x, x.to(conv_state.dtype)], dim=-1)
     cols = _conv_columns(visible, depth_all, depth_new, committed, module.conv_kernel_size)
-    weight = module.conv1d.weight[:, 0].to(history.dtype)  # [conv_dim, kernel]
-    mixed = (history[:, cols] * weight[:, :, None]).sum(1)  # [conv_dim, m]
+    weight = module.conv1d.weight[:, 0]  # [conv_dim, kernel]
+    # Accumulated in float32 and rounded once to the weight's dtype, then silu in that dtype: what
+    # transformers' F.conv1d and causal_conv1d kernels compute. A sum of bf16 products rounds each
+    # product, which put tree nodes 1-2 bf16 steps off one-token decoding (another argmax at some).
+    mixed = (history[:, cols].float() * weight.float()[:, :, None]).sum(1).to(weight.dtype)  # [conv_dim, m]
     mixed = F.silu(mixed).to(hidden_states.dtype).T  # [m, conv_dim]
     q, k, v = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
     q, k = (t.reshape(m, -1, dk).float() for t in (q, k))
