@@ -312,7 +312,7 @@ def test_a_killed_run_resumes_with_use_cache_and_equals_an_uninterrupted_run(tmp
     assert by_doc[3]["device_error"] is True and "doc_to_messages raised KeyError" in by_doc[2]["error"]
     # what lmms-eval scored: the same answers, each doc once
     resumed_samples, whole_samples = samples_by_doc(tmp_path / "resumed"), samples_by_doc(tmp_path / "whole")
-    answers = lambda samples: {d: (s["filtered_resps"], s["token_counts"]) for d, s in samples.items()}  # noqa: E731
+    answers = lambda samples: {d: (s["filtered_resps"], s["token_counts"]) for d, s in samples.items()}
     assert answers(resumed_samples) == answers(whole_samples)
     # served samples were not decoded again: a failure before the kill is not retried
     served = [json.loads(line)["doc_id"] for line in kept.splitlines()]

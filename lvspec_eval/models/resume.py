@@ -35,6 +35,8 @@ from .args import ModelArgs
 # model_args that do not change what a sample decodes (where records go, what a device error does)
 NOT_SETTINGS = ("stats_path", "on_device_error", "batch_size", "max_batch_size")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+MAX_SHOWN = 8  # differing settings named in the error, these first:
+FIRST_SHOWN = ("method", "drafter", "verifier", "pretrained", "draft", "weights.pretrained", "weights.draft", "dtype")
 EDGE_BYTES = 1 << 16  # of each weight file's head and tail: a retrained checkpoint changes its tensors
 
 
@@ -121,8 +123,9 @@ def check_settings(record: dict, settings: dict, where: str) -> None:
                              "(written by an older lvspec-eval): it cannot be checked, so it is not reused; give this "
                              "run its own stats_path")
     diffs = [f"{key}={theirs.get(key)!r} there, {settings.get(key)!r} now"
-             for key in sorted(set(theirs) | set(settings)) if theirs.get(key) != settings.get(key)]
+             for key in sorted(set(theirs) | set(settings), key=lambda k: (k not in FIRST_SHOWN, k)) if theirs.get(key) != settings.get(key)]
     if diffs:
+        shown = "; ".join(diffs[:MAX_SHOWN]) + (f"; and {len(diffs) - MAX_SHOWN} more" if len(diffs) > MAX_SHOWN else "")
         raise ResumeMismatch(f"{where} (task {record.get('task')} doc {record.get('doc_id')}) was made under other "
-                             f"settings: {'; '.join(diffs)}. A record from other settings is never reused: rerun "
+                             f"settings: {shown}. A record from other settings is never reused: rerun "
                              "with the same model_args, or give this run its own stats_path")

@@ -25,7 +25,7 @@ class Throughput:
 
     def metrics(self, rank: int) -> dict:
         """log_metrics' keyword arguments."""
-        total = lambda key: float(sum(r.get(key) or 0.0 for r in self.records))  # noqa: E731
+        total = lambda key: float(sum(r.get(key) or 0.0 for r in self.records))
         elapsed, tokens, decode_s = total("e2e_s"), int(total("num_new_tokens")), total("decode_s")
         steps = total("num_steps")
         tau = sum(sum(r.get("accepted_lengths") or ()) for r in self.records) / steps if steps else 0.0
