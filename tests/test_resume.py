@@ -187,6 +187,54 @@ def test_failed_samples_are_served_again_not_retried(tiny_model, synthvid, tmp_p
     assert read_jsonl(stats) == records  # nothing retried, nothing added
 
 
+def test_the_sample_a_device_failure_stopped_the_run_on_is_decoded_again(tiny_model, synthvid, tmp_path):
+    from lvspec_eval.reporting.runs import load_stats
+
+    stats = tmp_path / "stats.jsonl"
+    first = make_model("LVSpecChat", tiny_model, stats, max_new_tokens=4)  # on_device_error=abort
+    first.task_dict = {TASK: {"test": docs(synthvid)}}
+    original = first.runner.generate
+
+    def generate(*args, **kwargs):
+        if generate.calls == 1:
+            raise torch.AcceleratorError("CUDA error: device-side assert triggered")
+        generate.calls += 1
+        return original(*args, **kwargs)
+
+    generate.calls = 0
+    first.runner.generate = generate
+    with pytest.raises(lvspec.DeviceFailure, match="doc 1 failed on the device"):
+        first.generate_until([chat_request(i, GEN) for i in range(3)])
+    again = make_model("LVSpecChat", tiny_model, stats, max_new_tokens=4)
+    again.task_dict = first.task_dict
+    decodes = counting_generate(again)
+    results = through_response_cache(again, [chat_request(i, GEN) for i in range(3)], tmp_path / "cache")
+    assert len(decodes) == 2 and all(r.text for r in results)  # docs 1 and 2
+    records = read_jsonl(stats)
+    assert [(r["doc_id"], r.get("stopped_run", False)) for r in records] == [(0, False), (1, True), (1, False), (2, False)]
+    assert {d: r["error"] for d, r in load_stats([stats], "vanilla")[TASK].items()} == {"0": None, "1": None, "2": None}
+
+
+def test_a_doc_to_visual_that_raises_fails_that_sample_alone(tiny_model, synthvid, tmp_path):
+    from lmms_eval.api.instance import Instance
+
+    def doc_to_visual(doc):
+        if doc["video"] == "raise":
+            raise FileNotFoundError("annotations/scene_7.json")
+        return [doc["video"]]
+
+    lm = make_model("LVSpecSimple", tiny_model, tmp_path / "stats.jsonl", max_new_tokens=4)
+    good = docs(synthvid)[0]
+    lm.task_dict = {TASK: {"test": [{**good, "video": "raise"}, good]}}
+    requests = [Instance("generate_until", ("x", GEN, doc_to_visual, i, TASK, "test"), 0,
+                         {"task": TASK, "doc_id": i, "repeats": 1}) for i in range(2)]
+    results = lm.generate_until(requests)
+    assert results[0].text == "" and results[1].text
+    failed, ok = read_jsonl(tmp_path / "stats.jsonl")
+    assert failed["error"] == "TaskFunctionError: the task's doc_to_visual raised FileNotFoundError: annotations/scene_7.json"
+    assert ok["error"] is None and failed["device_error"] is False
+
+
 # ---- lmms-eval's throughput fields, unit -----------------------------------------------------------------
 
 def test_each_call_logs_lmms_eval_throughput_with_our_figures(tiny_model, synthvid, tmp_path):

@@ -132,6 +132,10 @@ class _LVSpecModel(lmms):
         """--use_cache: lmms-eval serves the answers its cache has; with stats_path, the samples that
         completed before a crash are served from their records (models/resume.py)."""
         if use_cache is None:
+            if self.stats is not None and self.stats.path.stat().st_size and self._rank == 0:
+                logger.warning(f"lvspec: stats_path={self.stats.path} already holds records; this run appends its "
+                               "own (the report reads a sample's later record). To resume a killed run instead, "
+                               "rerun with lmms-eval's --use_cache DIR")
             return
         if self.stats is None:
             logger.warning(f"lvspec: --use_cache {use_cache}: cached answers are served without decoding; "
@@ -211,10 +215,12 @@ class _LVSpecModel(lmms):
         self._record_failure(info, reason, device_error)
         return GenerationResult(text="", token_counts=TokenCounts(output_tokens=0))
 
-    def _record_failure(self, info: RequestInfo, reason: str, device_error: bool) -> None:
+    def _record_failure(self, info: RequestInfo, reason: str, device_error: bool, stopped_run: bool = False) -> None:
+        """stopped_run: on_device_error=abort stopped the run on this sample; a resumed run decodes it again."""
         if self.stats is not None:
+            extra = {**self._provenance(info), **({"stopped_run": True} if stopped_run else {})}
             self.stats.write(failure_record(reason, method=self.runner.method, task=info.task, doc_id=info.doc_id,
-                                            rank=self.rank, device_error=device_error, extra=self._provenance(info)))
+                                            rank=self.rank, device_error=device_error, extra=extra))
 
     def _device_failure(self, info: RequestInfo, err: BaseException) -> GenerationResult:
         """on_device_error=skip: this sample fails alone (cached memory freed first); abort: the run stops."""
@@ -223,7 +229,7 @@ class _LVSpecModel(lmms):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # what the failed sample held, so an out-of-memory need not repeat
             return self._fail(info, reason, device_error=True)
-        self._record_failure(info, reason, device_error=True)
+        self._record_failure(info, reason, device_error=True, stopped_run=True)
         raise DeviceFailure(
             f"lvspec: task {info.task} doc {info.doc_id} failed on the device ({type(err).__name__}: {err}). The run "
             "stops here: after a device-side assert every later sample fails too, and lmms-eval would score empty "

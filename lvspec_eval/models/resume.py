@@ -18,7 +18,10 @@ a silent reuse. A failed sample's record (error set) is served like any other: i
 its error record kept. The failures that reach a record are the input's (missing or corrupt video, a
 doc_to_visual that raises, a prompt over the context: the same input fails the same way) or, with
 on_device_error=skip, the device's (e.g. out of memory on a sample too large for the device), so a
-resume does not retry them; to retry, delete their lines (error not null) from the stats file.
+resume does not retry them; to retry, delete their lines (error not null) from the stats file. The
+one exception is the sample a device failure stopped the run on (on_device_error=abort, the record's
+stopped_run): the rerun decodes it again, and its new record, later in the file, is the one the
+report reads (report.py keeps a sample's later record).
 """
 from __future__ import annotations
 
@@ -90,7 +93,11 @@ class Resume:
         self.records: dict[tuple[str, str], dict] = {}
         for number, record in read_records(path):
             check_settings(record, settings, f"{path}:{number}")
-            self.records[(str(record.get("task")), str(record.get("doc_id")))] = record
+            key = (str(record.get("task")), str(record.get("doc_id")))
+            if record.get("stopped_run"):  # the device failure that stopped the run: decoded again
+                self.records.pop(key, None)
+            else:
+                self.records[key] = record
         logger.info(f"lvspec: resuming from {path}: {len(self.records)} samples answered already are served from it")
 
     def lookup(self, task: str, doc_id, request: str) -> dict | None:
