@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_plugin import GEN, LMMS_EVAL, TASK, chat_request, docs, make_model, read_jsonl
+from test_plugin import GEN, TASK, chat_request, docs, make_model, read_jsonl
 
 from lvspec_eval.demo import tasks_data
 from lvspec_eval.models import lvspec
@@ -334,14 +334,14 @@ def test_a_killed_run_resumes_with_use_cache_and_equals_an_uninterrupted_run(tmp
         tasks_data.ensure(TASK, data)
     (data / TASK / "videos" / "00001.mp4").write_bytes(b"not a video")
 
-    whole_stats = tmp_path / "whole.jsonl"
-    whole = subprocess.run(cli(tmp_path, "whole", data, whole_stats), cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=600, check=False)
-    assert list((tmp_path / "whole").rglob("*_results.json")), whole.stdout[-3000:] + whole.stderr[-3000:]
-
+    whole_stats = tmp_path / "whole.jsonl"  # the uninterrupted run, beside the one to be killed
+    whole = subprocess.Popen(cli(tmp_path, "whole", data, whole_stats), cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     stats, cache = tmp_path / "stats.jsonl", str(tmp_path / "cache")
     command = cli(tmp_path, "resumed", data, stats, "--use_cache", cache)
     killed_log = kill_after(command, env, tmp_path, stats, k=2)
+    whole_log = whole.communicate(timeout=600)[0]
+    assert list((tmp_path / "whole").rglob("*_results.json")), whole_log[-3000:]
     kept = stats.read_text()
     assert 2 <= kept.count("\n") < NUM_DOCS and not list((tmp_path / "resumed").rglob("*_results.json")), killed_log
     resumed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -372,16 +372,15 @@ def test_a_killed_run_resumes_with_use_cache_and_equals_an_uninterrupted_run(tmp
     assert throughput["total_gen_tokens"] == sum(by_doc[d]["num_new_tokens"] for d in by_doc if d not in served)
     assert throughput["avg_served_from_stats"] == len(served) and throughput["avg_tau"] > 0
     # the report and check read the union, each sample once
-    summary = report_and_check(tmp_path / "resumed", tmp_path / "report", env)
+    summary = report_and_check(tmp_path / "resumed", tmp_path / "report")
     (row,) = summary["rows"]
     assert (row["n"], row["failed"], row["n_timed"]) == (NUM_DOCS, 3, 3)
 
 
-def report_and_check(run: Path, out: Path, env: dict) -> dict:
+def report_and_check(run: Path, out: Path) -> dict:
     """`lvspec-eval report` (the run is its own baseline) then `lvspec-eval check` of its summary."""
-    tool = str(LMMS_EVAL.parent / "lvspec-eval")
-    for cmd in ([tool, "report", str(run), "-o", str(out), "--baseline", "sd_tree", "--no-plots"],
-                [tool, "check", str(out / "summary.json")]):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    from lvspec_eval.cli import main
+
+    assert main(["report", str(run), "-o", str(out), "--baseline", "sd_tree", "--no-plots"]) == 0
+    assert main(["check", str(out / "summary.json")]) == 0
     return json.loads((out / "summary.json").read_text())
