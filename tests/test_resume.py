@@ -368,6 +368,13 @@ def test_a_killed_run_resumes_with_use_cache_and_equals_an_uninterrupted_run(tmp
     for doc in served:
         assert f"doc {doc} failed" not in log
     # lmms-eval's throughput fields, with our figures
+    (whole_results,) = (tmp_path / "whole").rglob("*_results.json")
+    whole_throughput = json.loads(whole_results.read_text())["throughput"]
+    decoded = [r for r in reference if r["error"] is None]
+    assert whole_throughput["total_gen_tokens"] == sum(r["num_new_tokens"] for r in decoded)
+    assert whole_throughput["total_elapsed_time"] == pytest.approx(sum(r["e2e_s"] for r in decoded))
+    assert whole_throughput["avg_speed"] > 0 and whole_throughput["avg_failed"] == 3
+    assert 0 < whole_throughput["avg_draft_share"] < 1 and whole_throughput["avg_latency"] > 0
     throughput = json.loads(results_path.read_text())["throughput"]
     assert throughput["total_gen_tokens"] == sum(by_doc[d]["num_new_tokens"] for d in by_doc if d not in served)
     assert throughput["avg_served_from_stats"] == len(served) and throughput["avg_tau"] > 0
