@@ -98,7 +98,8 @@ class Resume:
                 self.records.pop(key, None)
             else:
                 self.records[key] = record
-        logger.info(f"lvspec: resuming from {path}: {len(self.records)} samples answered already are served from it")
+        if self.records:
+            logger.info(f"lvspec: resuming from {path}: its {len(self.records)} completed samples are served from it")
 
     def lookup(self, task: str, doc_id, request: str) -> dict | None:
         """The record of this sample, if it completed; ResumeMismatch if it answered another request."""
