@@ -1,6 +1,6 @@
-"""Failing loudly: device failures stop the run, lmms-eval's --use_cache is refused, chat templates that
-cannot take a video are caught at start (and by dry-run, without weights), one preprocessing per request,
-and a sample's own peak memory."""
+"""Failing loudly: device failures stop the run, lmms-eval's --use_cache resumes only from records of the
+same settings, chat templates that cannot take a video are caught at start (and by dry-run, without
+weights), one preprocessing per request, and a sample's own peak memory."""
 from __future__ import annotations
 
 import argparse
@@ -14,11 +14,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_plugin import (
+    GEN,
+    LMMS_EVAL,
+    TASK,
+    chat_request,
+    docs,
+    make_model,
+    read_jsonl,
+    results_files,
+)
 
 from lvspec_eval.backends.loading import DEMO_NAMES
 from lvspec_eval.demo import tasks_data
 from lvspec_eval.models import lvspec
-from test_plugin import GEN, LMMS_EVAL, TASK, chat_request, docs, make_model, read_jsonl, results_files
 
 DEMO_TARGET = DEMO_NAMES["demo"]
 CONFIG_FILES = ("config.json", "generation_config.json", "preprocessor_config.json", "tokenizer.json",
@@ -105,32 +114,18 @@ def test_device_errors_are_told_from_input_errors():
         assert not lvspec.is_device_error(err), err
 
 
-# ---- lmms-eval's response cache --------------------------------------------------------------------------
+# ---- lmms-eval's response cache ----------------------------------------------------------------------------
 
-def test_use_cache_is_refused_at_construction_with_stats(tiny_model, tmp_path):
-    """Through lmms-eval's own simple_evaluate: the model is built before the ResponseCache exists."""
+def test_use_cache_resumes_from_stats_at_construction(tiny_model, tmp_path):
+    """Through lmms-eval's own simple_evaluate (the model is built before its ResponseCache exists): the
+    stats file is read and checked at construction, so a record of other settings stops the run at start."""
     from lmms_eval.evaluator import simple_evaluate
 
     stats = tmp_path / "stats.jsonl"
-    with pytest.raises(ValueError, match="--use_cache .* serves cached answers without calling the model"):
+    stats.write_text(json.dumps({"task": TASK, "doc_id": 0, "settings": {"method": "fly"}}) + "\n")
+    with pytest.raises(ValueError, match="made under other settings: .*method='fly' there, 'vanilla' now"):
         simple_evaluate(model="lvspec", model_args=f"pretrained={tiny_model},stats_path={stats}", tasks=[TASK],
                         use_cache=str(tmp_path / "cache"), task_manager=object(), limit=1)
-
-
-def test_a_model_handed_to_a_response_cache_refuses_to_generate(tiny_model, synthvid, tmp_path):
-    from lmms_eval.caching.response_cache import ResponseCache
-
-    lm = make_model("LVSpecChat", tiny_model, tmp_path / "stats.jsonl")  # built outside simple_evaluate
-    lm.task_dict = {TASK: {"test": docs(synthvid)[:1]}}
-    cache = ResponseCache.create(str(tmp_path / "cache"), model="lvspec", model_args="x", task_dict={})
-    with pytest.raises(ValueError, match="stats_path=.* would miss those samples"):
-        cache.execute(lm, "generate_until", [chat_request(0, GEN)])
-
-
-def test_use_cache_without_stats_is_allowed():
-    lvspec.refuse_response_cache("some/cache", None)  # answers only: nothing to lose
-    with pytest.raises(ValueError, match="--use_cache some/cache"):
-        lvspec.refuse_response_cache("some/cache", "stats.jsonl")
 
 
 # ---- chat templates ----------------------------------------------------------------------------------------
@@ -323,16 +318,6 @@ def test_cli_device_failure_writes_no_results(tiny_model, synthvid, tmp_path):
     assert failed["device_error"] is True
     assert f"task {TASK} doc {failed['doc_id']} failed on the device (AcceleratorError" in log
     assert len(read_jsonl(stats)) == 2  # the third sample was never run
-
-
-@pytest.mark.slow
-def test_cli_use_cache_is_refused(tiny_model, synthvid, tmp_path):
-    stats = tmp_path / "stats.jsonl"
-    args = f"pretrained={tiny_model},method=vanilla,fps=4,video_rule=fps,max_new_tokens=4,stats_path={stats}"
-    proc = run_lmms_eval(tmp_path, synthvid, args, "--use_cache", str(tmp_path / "cache"), "--verbosity", "DEBUG")
-    log = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and not results_files(tmp_path)
-    assert "serves cached answers without calling the model" in log and not stats.exists()
 
 
 # ---- scripts/gpu_check.py ---------------------------------------------------------------------------------------

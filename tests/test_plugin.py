@@ -261,24 +261,6 @@ def test_cli_bad_model_args_fail_at_start(synthvid, tmp_path):
     assert not results_files(tmp_path)
 
 
-@pytest.mark.slow
-def test_cli_data_parallel_on_cpu(tiny_model, synthvid, tmp_path):
-    """Two torchrun processes on CPU: lmms-eval shards the docs by RANK, both ranks append to one
-    stats file, and the results are gathered."""
-    stats = tmp_path / "stats.jsonl"
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           tasks_data.ENV_DIR: str(synthvid), tasks_data.ENV_DOCS: "3"}
-    cmd = [str(LMMS_EVAL.parent / "torchrun"), "--nproc_per_node", "2", "-m", "lmms_eval", "--model", "lvspec",
-           "--model_args", f"pretrained={tiny_model},method=vanilla,fps=4,stats_path={stats}",
-           "--tasks", "synthvid_mcq", "--limit", "3",
-           "--output_path", str(tmp_path / "out"), "--log_samples", "--verbosity", "DEBUG"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3600, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert results_files(tmp_path)
-    ranks = {(r["doc_id"], r["rank"]) for r in read_jsonl(stats)}
-    assert {0, 1} <= {rank for _, rank in ranks} and {0, 1, 2} <= {doc for doc, _ in ranks}
-
-
 def _qwen_folders(root: Path, build, target_args: tuple, draft_args: tuple) -> dict[str, Path]:
     """A tiny random target, a smaller draft (its own tower), and a Sparrow head trained for the
     target by `train-sparrow` on two short videos."""

@@ -146,6 +146,18 @@ class ModelArgs:
                 "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels}
 
 
+def documented_arguments() -> list[str]:
+    """Every model_arg name: ModelArgs' and DecodeOptions' fields and the verifiers' and drafters' own
+    options (docs/ARGS.md lists exactly these; tests/test_args_doc.py checks it)."""
+    from ..decoding.drafters.mtp import MTPDrafter
+    from ..decoding.drafters.sparrow import SparrowDrafter
+    from ..decoding.verifiers.fly import FlyVerifier
+    from ..decoding.verifiers.lvspec import LVSpecVerifier
+
+    owned = [name for owner in (FlyVerifier, LVSpecVerifier, SparrowDrafter, MTPDrafter) for name in owner.OPTIONS]
+    return ModelArgs.accepted_keys() + owned
+
+
 # ---- typing helpers -----------------------------------------------------------------------------
 
 def _field_types(cls, exclude: set[str]) -> dict[str, type]:

@@ -8,7 +8,8 @@ answered with an empty string and recorded with its reason; the run goes on. A f
 (a CUDA error such as a device-side assert, or running out of memory) stops the run instead, naming
 the sample: after a device-side assert every later sample fails too, and lmms-eval would score the
 empty answers (model_arg on_device_error=skip fails such a sample alone, e.g. to skip rare
-out-of-memory samples).
+out-of-memory samples). With lmms-eval's --use_cache and stats_path, a rerun of a killed run serves
+the samples that completed from their stats records and decodes the rest (models/resume.py).
 """
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ from ..decoding.loop import make_clock
 from ..decoding.runner import Generation, Runner, VideoInput
 from .args import GenSettings, ModelArgs, read_gen_kwargs
 from .parity import class_rules, final_answer, stop_strings, thinking_mode
+from .resume import Resume, request_key, run_settings
 from .stats_writer import StatsWriter, failure_record, success_record
+from .throughput import Throughput
 from .video import VideoError, load_video
 
 # Exceptions that mean the accelerator failed, not this sample's input (torch.AcceleratorError covers
@@ -65,13 +68,18 @@ class _LVSpecModel(lmms):
     def __init__(self, **model_args: Any) -> None:
         super().__init__()
         self.args = ModelArgs.parse(model_args)
-        refuse_response_cache(lmms_eval_use_cache(inspect.currentframe()), self.args.stats_path)
+        use_cache = lmms_eval_use_cache(inspect.currentframe())
         self._rank, self._world_size, local_rank = distributed_env()
         self.stats = StatsWriter(self.args.stats_path) if self.args.stats_path else None
         kwargs = self.args.runner_kwargs()
         if self._world_size > 1 and kwargs["device"] == "cuda" and not self.args.device_map:
             kwargs["device"] = f"cuda:{local_rank}"  # one GPU per data-parallel process
         self.runner = Runner(**kwargs)
+        # what every record carries, so that a resumed run reuses only records of the same settings
+        self.settings = run_settings(self.args, self.runner.options) if self.stats else None
+        self.resume = None  # the stats file's completed samples, with --use_cache (models/resume.py)
+        self._start_resume(use_cache)
+        self._throughput = Throughput(self.runner.method)  # this generate_until call's figures
         interface = "simple" if self.is_simple else "chat"
         # what lmms-eval's own class of this family does with stop strings, defaults and prompts
         self.rules = class_rules(self.runner.target.family, interface, self.args.until)
@@ -95,10 +103,12 @@ class _LVSpecModel(lmms):
 
     # ---- lmms-eval entry points -----------------------------------------------------------------
     def generate_until(self, requests: list[Instance]) -> list[GenerationResult]:
-        # A model built outside lmms-eval's simple_evaluate and handed to it is only seen here.
-        refuse_response_cache("(a ResponseCache)" if called_by_response_cache(inspect.currentframe()) else None,
-                              self.args.stats_path)
-        return [self._respond(r) for r in tqdm(requests, desc="lvspec", disable=self.rank != 0)]
+        if self.resume is None and called_by_response_cache(inspect.currentframe()):
+            self._start_resume("(a ResponseCache)")  # a model built outside simple_evaluate is only seen here
+        self._throughput = Throughput(self.runner.method)
+        results = [self._respond(r) for r in tqdm(requests, desc="lvspec", disable=self.rank != 0)]
+        self._throughput.log(self.rank)  # lmms-eval's results["throughput"], as its own classes fill it
+        return results
 
     def loglikelihood(self, requests):
         raise NotImplementedError("lvspec measures speculative generation; loglikelihood requests (output_type "
@@ -118,8 +128,28 @@ class _LVSpecModel(lmms):
     def _doc(self, info: RequestInfo) -> dict:
         return self.task_dict[info.task][info.split][info.doc_id]
 
+    def _start_resume(self, use_cache: str | None) -> None:
+        """--use_cache: lmms-eval serves the answers its cache has; with stats_path, the samples that
+        completed before a crash are served from their records (models/resume.py)."""
+        if use_cache is None:
+            if self.stats is not None and self.stats.path.stat().st_size and self._rank == 0:
+                logger.warning(f"lvspec: stats_path={self.stats.path} already holds records; this run appends its "
+                               "own (the report reads a sample's later record). To resume a killed run instead, "
+                               "rerun with lmms-eval's --use_cache DIR")
+            return
+        if self.stats is None:
+            logger.warning(f"lvspec: --use_cache {use_cache}: cached answers are served without decoding; "
+                           "no speed is measured")
+            return
+        self.resume = Resume(self.stats.path, self.settings)
+
     def _respond(self, request: Instance) -> GenerationResult:
         info = self._info(request)
+        done = self.resume.lookup(info.task, info.doc_id, self._request_key(info)) if self.resume else None
+        if done is not None:  # completed before the run was killed: its answer, its record kept
+            self._throughput.served += 1
+            counts = TokenCounts(input_tokens=done.get("prompt_tokens"), output_tokens=len(done.get("tokens") or ()))
+            return GenerationResult(text=done.get("text") or "", token_counts=counts)
         try:
             settings = read_gen_kwargs(info.gen_kwargs, self.max_new_tokens, self.rules.temperature)
             settings = replace(settings, until=stop_strings(settings.until, self.rules))
@@ -134,6 +164,7 @@ class _LVSpecModel(lmms):
                 return self._device_failure(info, err)
             return self._fail(info, f"{type(err).__name__}: {err}")  # this sample only; the run goes on
         self._record(info, generation, settings, max_new)
+        self._throughput.records.append(generation.stats)
         self.cache_hook.add_partial("generate_until", (info.context, info.gen_kwargs), generation.text)
         counts = TokenCounts(input_tokens=generation.stats.get("prompt_tokens"), output_tokens=len(generation.tokens))
         return GenerationResult(text=generation.text, token_counts=counts)
@@ -160,11 +191,18 @@ class _LVSpecModel(lmms):
         return generation, max_new
 
     # ---- records ----------------------------------------------------------------------------------
+    def _request_key(self, info: RequestInfo) -> str:
+        return request_key(info.context, info.gen_kwargs)
+
+    def _provenance(self, info: RequestInfo) -> dict:
+        """What a resumed run checks before reusing the record: the run's settings and the request."""
+        return {"settings": self.settings, "request": self._request_key(info)}
+
     def _record(self, info: RequestInfo, generation: Generation, settings: GenSettings, max_new: int) -> None:
         if self.stats is None:
             return
         decode = self.runner.tokenizer.decode
-        extra = {"max_new_tokens": max_new, "requested_temperature": settings.requested_temperature,
+        extra = {**self._provenance(info), "max_new_tokens": max_new, "requested_temperature": settings.requested_temperature,
                  "sampling_ignored": settings.sampling_ignored, "thinking": self.thinking,
                  "replaced_texts": [None if t is None else decode([t]) for t in generation.stats.get("replaced", [])]}
         self.stats.write(success_record(generation.stats, task=info.task, doc_id=info.doc_id, rank=self.rank,
@@ -173,13 +211,16 @@ class _LVSpecModel(lmms):
 
     def _fail(self, info: RequestInfo, reason: str, device_error: bool = False) -> GenerationResult:
         logger.error(f"lvspec: task {info.task} doc {info.doc_id} failed, answering with an empty string: {reason}")
+        self._throughput.failed += 1
         self._record_failure(info, reason, device_error)
         return GenerationResult(text="", token_counts=TokenCounts(output_tokens=0))
 
-    def _record_failure(self, info: RequestInfo, reason: str, device_error: bool) -> None:
+    def _record_failure(self, info: RequestInfo, reason: str, device_error: bool, stopped_run: bool = False) -> None:
+        """stopped_run: on_device_error=abort stopped the run on this sample; a resumed run decodes it again."""
         if self.stats is not None:
+            extra = {**self._provenance(info), **({"stopped_run": True} if stopped_run else {})}
             self.stats.write(failure_record(reason, method=self.runner.method, task=info.task, doc_id=info.doc_id,
-                                            rank=self.rank, device_error=device_error))
+                                            rank=self.rank, device_error=device_error, extra=extra))
 
     def _device_failure(self, info: RequestInfo, err: BaseException) -> GenerationResult:
         """on_device_error=skip: this sample fails alone (cached memory freed first); abort: the run stops."""
@@ -188,7 +229,7 @@ class _LVSpecModel(lmms):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # what the failed sample held, so an out-of-memory need not repeat
             return self._fail(info, reason, device_error=True)
-        self._record_failure(info, reason, device_error=True)
+        self._record_failure(info, reason, device_error=True, stopped_run=True)
         raise DeviceFailure(
             f"lvspec: task {info.task} doc {info.doc_id} failed on the device ({type(err).__name__}: {err}). The run "
             "stops here: after a device-side assert every later sample fails too, and lmms-eval would score empty "
@@ -320,26 +361,24 @@ def called_by_response_cache(frame) -> bool:
     return False
 
 
-def refuse_response_cache(use_cache: str | None, stats_path: str | None) -> None:
-    """--use_cache answers cached requests without calling the model: their samples would be missing
-    from stats_path and the speed figures would silently drop them. Without stats_path it is harmless."""
-    if use_cache is None:
-        return
-    if stats_path:
-        raise ValueError(f"lmms-eval --use_cache {use_cache} serves cached answers without calling the model, so "
-                         f"stats_path={stats_path} would miss those samples and the speed figures would drop them "
-                         "silently; run without --use_cache (or without stats_path if you only want the scores)")
-    logger.warning(f"lvspec: --use_cache {use_cache}: cached answers are served without decoding; no speed is measured")
+class TaskFunctionError(ValueError):
+    """The task's doc_to_messages/doc_to_visual raised on this doc: the sample fails alone."""
 
 
 def call_task_function(fn: Callable, doc: dict):
     """Call a task's doc_to_messages/doc_to_visual. lmms-eval's built-in video tasks call sys.exit
-    on a missing video, which would end the whole run: make it this sample's VideoError instead."""
+    on a missing video, which would end the whole run: make it this sample's VideoError instead. Any
+    other error of the task's code (a doc without the key it reads, a file it cannot open) is this
+    doc's too: the sample fails alone, its reason recorded, and the run goes on."""
+    name = getattr(fn, "__name__", "doc function")
     try:
         return fn(doc)
     except SystemExit as err:
-        raise VideoError(f"the task's {getattr(fn, '__name__', 'doc function')} exited (code {err.code}); "
-                         "usually a missing video file") from err
+        raise VideoError(f"the task's {name} exited (code {err.code}); usually a missing video file") from err
+    except Exception as err:  # the task's own code, whatever it raises; a device error keeps its type
+        if is_device_error(err):
+            raise
+        raise TaskFunctionError(f"the task's {name} raised {type(err).__name__}: {err}") from err
 
 
 def video_path(visual) -> str:

@@ -2,7 +2,7 @@
 
 `--model lvspec` (chat class) and its simple class answer a request as the lmms-eval class of the
 same family and interface does, so that `method=vanilla` scores equal the ones users already have
-(README, "Parity with lmms-eval"; tests/test_parity.py runs those classes and ours side by side):
+(docs/ARGS.md, "Parity with lmms-eval"; tests/test_parity.py runs those classes and ours side by side):
 
 | family, interface | lmms-eval class | the task's `until` | max_new_tokens when the task gives none |
 |---|---|---|---|

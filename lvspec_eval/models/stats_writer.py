@@ -1,18 +1,26 @@
 """The per-sample decode statistics JSONL (model_arg `stats_path`), one line per request.
 
-Several ranks of a data-parallel run append to the same file, so every line is written in one
-call under an exclusive lock; a reader never sees two records interleaved. Keys are those of
-`decoding/stats.py` plus task, doc_id, rank, error, text and token_texts (report.py reads them), and
-from the runner the per-token lists kinds, relevance and replaced (with replaced_texts: the draft
-token each of the target's step-closing tokens overruled). Failure records carry device_error (true
-when the device failed rather than the sample's input).
+Several ranks of a data-parallel run append to the same file, and a run may be killed at any
+moment (then resumed with lmms-eval's --use_cache, models/resume.py), so every line is written
+when its sample completes, as one os.write of the whole line under an exclusive lock, then fsync'd:
+a reader never sees two records interleaved, and a crash loses at most the line being written,
+which `StatsWriter` cuts off (a torn tail) before appending again. Keys are those of
+`decoding/stats.py` plus task, doc_id, rank, error, text and token_texts (report.py reads them),
+settings (what produced the record, models/resume.py), and from the runner the per-token lists
+kinds, relevance and replaced (with replaced_texts: the draft token each of the target's
+step-closing tokens overruled). Failure records carry device_error (true when the device failed
+rather than the sample's input).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
+import os
 from pathlib import Path
+
+from loguru import logger
 
 
 class StatsWriter:
@@ -23,16 +31,45 @@ class StatsWriter:
             self.path.touch()
         except OSError as err:
             raise ValueError(f"stats_path={str(path)!r} cannot be written: {err}") from err
+        with self.locked() as fd:
+            cut_torn_tail(fd, self.path)
+
+    @contextlib.contextmanager
+    def locked(self):
+        """The file open for appending (a raw descriptor), under the exclusive lock every rank takes."""
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield fd
+        finally:
+            os.close(fd)  # closing releases the lock
 
     def write(self, record: dict) -> None:
-        line = json.dumps(_finite(record), ensure_ascii=False) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                f.write(line)
-                f.flush()
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        data = (json.dumps(_finite(record), ensure_ascii=False) + "\n").encode("utf-8")
+        with self.locked() as fd:
+            written = 0
+            while written < len(data):  # one call in practice; a short write is continued, not lost
+                written += os.write(fd, data[written:])
+            os.fsync(fd)
+
+
+def cut_torn_tail(fd: int, path: Path) -> None:
+    """Truncate a last line without its newline: what a process killed while writing leaves. It is no
+    record (that sample never completed), and a line appended after it would be glued to it."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    keep, end = 0, size
+    while end > 0:  # back to the last newline, a chunk at a time
+        start = max(0, end - (1 << 20))
+        newline = os.pread(fd, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            keep = start + newline + 1
+            break
+        end = start
+    logger.warning(f"lvspec: {path} ended with a torn line ({size - keep} bytes, a killed writer's): cut off")
+    os.ftruncate(fd, keep)
+    os.fsync(fd)
 
 
 def _finite(value):
@@ -53,8 +90,9 @@ def success_record(stats: dict, *, task: str, doc_id, rank: int, text: str, toke
             "text": text, "token_texts": token_texts}
 
 
-def failure_record(reason: str, *, method: str, task: str, doc_id, rank: int, device_error: bool = False) -> dict:
+def failure_record(reason: str, *, method: str, task: str, doc_id, rank: int, device_error: bool = False,
+                   extra: dict | None = None) -> dict:
     """A failed sample: no timings (report.py leaves it out of speed), the reason in `error`;
     device_error: the device failed (CUDA error, out of memory), not the sample's input."""
-    return {"method": method, "task": task, "doc_id": doc_id, "rank": rank, "error": reason, "text": "",
-            "tokens": [], "token_texts": [], "num_new_tokens": 0, "device_error": device_error}
+    return {"method": method, **(extra or {}), "task": task, "doc_id": doc_id, "rank": rank, "error": reason,
+            "text": "", "tokens": [], "token_texts": [], "num_new_tokens": 0, "device_error": device_error}

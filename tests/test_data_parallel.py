@@ -1,0 +1,80 @@
+"""Data parallel for real: two processes appending to one stats file, and (slow) `torchrun
+--nproc_per_node 2 -m lmms_eval --model lvspec` on CPU against a one-process run of the same command."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_plugin import LMMS_EVAL, TASK, build_tiny_model, read_jsonl
+from test_resume import cli_env, report_and_check, samples_by_doc
+
+from lvspec_eval.demo import tasks_data
+from lvspec_eval.models.stats_writer import StatsWriter
+
+NUM_DOCS = 4
+
+
+def _append(path: str, rank: int, count: int) -> None:
+    writer = StatsWriter(path)
+    for i in range(count):  # lines far larger than a pipe buffer or a BufferedWriter's 8 KiB
+        writer.write({"rank": rank, "doc_id": i, "token_texts": [f"r{rank}d{i}"] * 4000})
+
+
+def test_two_processes_append_whole_lines_to_one_stats_file(tmp_path):
+    path = tmp_path / "stats.jsonl"
+    context = multiprocessing.get_context("fork")  # the children only write lines
+    workers = [context.Process(target=_append, args=(str(path), rank, 40)) for rank in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert [w.exitcode for w in workers] == [0, 0]
+    raw = path.read_bytes()
+    assert raw.endswith(b"\n")
+    records = [json.loads(line) for line in raw.splitlines()]  # a torn or interleaved line would not parse
+    assert sorted((r["rank"], r["doc_id"]) for r in records) == [(k, i) for k in range(2) for i in range(40)]
+    assert all(set(r["token_texts"]) == {f"r{r['rank']}d{r['doc_id']}"} for r in records)
+
+
+def lmms_eval_command(tmp_path: Path, out: str, stats: Path, launcher: list[str]) -> list[str]:
+    args = f"pretrained={tmp_path / 'model'},method=sd_tree,tree=chain,tree_depth=2,fps=4,video_rule=fps,stats_path={stats}"
+    return [*launcher, "--model", "lvspec", "--model_args", args, "--tasks", TASK, "--limit", str(NUM_DOCS),
+            "--output_path", str(tmp_path / out), "--log_samples", "--verbosity", "DEBUG"]
+
+
+@pytest.mark.slow
+def test_torchrun_two_cpu_processes_answer_every_sample_once_as_one_process_does(tmp_path):
+    build_tiny_model(tmp_path / "model")
+    data = tmp_path / "synthvid"
+    env = {**cli_env(data), tasks_data.ENV_DOCS: str(NUM_DOCS)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(tasks_data.ENV_DOCS, str(NUM_DOCS))
+        tasks_data.ensure(TASK, data)
+    torchrun = [str(LMMS_EVAL.parent / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "lmms_eval"]
+    runs = {"two": (tmp_path / "two.jsonl", torchrun), "one": (tmp_path / "one.jsonl", [sys.executable, "-m", "lmms_eval"])}
+    procs = {name: subprocess.Popen(lmms_eval_command(tmp_path, name, stats, launcher), cwd=tmp_path, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for name, (stats, launcher) in runs.items()}  # side by side
+    for name, proc in procs.items():
+        log = proc.communicate(timeout=600)[0]
+        assert list((tmp_path / name).rglob("*_results.json")), log[-3000:]
+
+    raw = (tmp_path / "two.jsonl").read_bytes()
+    assert raw.endswith(b"\n")
+    records = [json.loads(line) for line in raw.splitlines()]  # no torn or interleaved line
+    assert sorted(r["doc_id"] for r in records) == list(range(NUM_DOCS))  # one record per sample
+    assert {r["rank"] for r in records} == {0, 1}  # both ranks decoded
+    single = {r["doc_id"]: r for r in read_jsonl(tmp_path / "one.jsonl")}
+    assert all(r["tokens"] == single[r["doc_id"]]["tokens"] and r["error"] is None for r in records)
+    # lmms-eval gathered every answer once, equal to the one-process run's
+    two, one = samples_by_doc(tmp_path / "two"), samples_by_doc(tmp_path / "one")
+    assert sorted(two) == list(range(NUM_DOCS))
+    assert {d: s["filtered_resps"] for d, s in two.items()} == {d: s["filtered_resps"] for d, s in one.items()}
+    (results,) = (tmp_path / "two").rglob("*_results.json")
+    assert json.loads(results.read_text())["throughput"]["avg_tau"] > 0  # rank 0's figures
+    (row,) = report_and_check(tmp_path / "two", tmp_path / "report")["rows"]
+    assert (row["n"], row["failed"], row["n_timed"]) == (NUM_DOCS, 0, NUM_DOCS)
