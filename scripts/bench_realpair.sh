@@ -11,6 +11,7 @@
 #      METHODS   our methods (default vanilla,sd_tree)      LIMIT      prompts (default 10, at least 8)
 #      MAX_NEW_TOKENS (default 128)    THREADS (default: all cores)    OUT_DIR (default .cache/bench-realpair)
 #      OPTIONS   decoding options as model_args (default none: each method's defaults)
+#      NEIGHBOUR=1  run a second process decoding with the target beside the benchmark (scripts/noisy_neighbour.py)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -32,6 +33,16 @@ if [ ! -f "$PAIR/target/config.json" ] || [ ! -f "$PAIR/draft/config.json" ]; th
 fi
 
 mkdir -p "$OUT_DIR"
+if [ "${NEIGHBOUR:-0}" = 1 ]; then  # a second process decoding with the 1.5B target on the same cores
+  "$PY" "$ROOT/scripts/noisy_neighbour.py" "$PAIR/target" --threads "${THREADS:-$(nproc)}" > "$OUT_DIR/neighbour.log" 2>&1 &
+  NEIGHBOUR_PID=$!
+  trap 'kill $NEIGHBOUR_PID 2>/dev/null || true' EXIT
+  until grep -q "neighbour: decoding" "$OUT_DIR/neighbour.log" 2>/dev/null; do
+    kill -0 $NEIGHBOUR_PID 2>/dev/null || { echo "bench-realpair: the neighbour died: $OUT_DIR/neighbour.log" >&2; exit 2; }
+    sleep 2
+  done
+  echo "bench-realpair: a neighbour is decoding beside the benchmark (log: $OUT_DIR/neighbour.log)"
+fi
 "$ROOT/.venv/bin/lvspec-eval" bench --target "$PAIR/target" --draft "$PAIR/draft" --dtype float32 \
   --methods "${METHODS:-vanilla,sd_tree}" --options "${OPTIONS:-}" --prompts builtin --limit "${LIMIT:-10}" \
   --max-new-tokens "${MAX_NEW_TOKENS:-128}" --threads "${THREADS:-$(nproc)}" --hf-baseline --hf-assisted \
