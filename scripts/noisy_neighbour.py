@@ -24,10 +24,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3600.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (default: half the memory of float32) or float32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForImageTextToText.from_pretrained(args.model, dtype=torch.float32).eval()
+    model = AutoModelForImageTextToText.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
     ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True)
     end = time.monotonic() + args.seconds

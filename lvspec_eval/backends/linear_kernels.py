@@ -42,7 +42,7 @@ import torch.nn.functional as F
 MODES = ("auto", "measure", "torch")  # model_arg cpu_kernels: cached or measured / measured anew / off
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)  # row counts measured; more rows: nn.Linear
 MIN_GAIN = 0.9  # another kernel is chosen only if it takes at most this share of nn.Linear's time
-PACK_SHARE = 0.4  # prepacked weights may take at most this share of the memory available at install
+PACK_SHARE = 0.5  # prepacked weights may take at most this share of the memory available at install
 REPEATS = 5  # timed calls per kernel and row count (the fastest counts: a neighbour only adds time)
 
 _active = 0  # > 0 inside multi_token()
