@@ -20,21 +20,7 @@ from lvspec_eval.models import lvspec
 from lvspec_eval.models.resume import ResumeMismatch
 from lvspec_eval.models.stats_writer import StatsWriter
 
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    from test_plugin import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="module")
-def synthvid(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("synthvid")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(tasks_data.ENV_DOCS, "3")
-        tasks_data.ensure(TASK, root)
-    return root
+from test_failures import synthvid, tiny_model  # noqa: F401  (the same module fixtures: a tiny model, 3 docs)
 
 
 def through_response_cache(lm, requests, cache_dir: Path):
