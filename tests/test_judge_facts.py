@@ -214,3 +214,40 @@ def test_judge_check_facts_uses_the_scene_facts_or_the_judges_split():
         assert len(splits_sent(fake)) == 2
     with pytest.raises(ValueError, match="reference_facts='both'"):
         validate.llm_judge(make_client(FakeJudge()), "facts", "both")
+
+
+def test_judge_command_annotates_samples_with_judge_facts_for_the_report(tmp_path, monkeypatch, capsys):
+    import functools
+
+    from test_judge_unit import _main
+
+    from judges import cli as judge_cli
+    from judges.client import JudgeClient
+    from lvspec_eval.reporting.report import score_value
+
+    fake = FakeJudge(rule_reply())
+    monkeypatch.setattr(judge_cli, "JudgeClient", functools.partial(JudgeClient, http_client=fake.http_client()))
+    path = tmp_path / "run" / "m" / "20250101_120000_samples_demo_caption.jsonl"
+    path.parent.mkdir(parents=True)
+    lines = [{"doc_id": n, "target": REFERENCE, "filtered_resps": [cap], "input": "Describe."}
+             for n, cap in enumerate([REFERENCE, WRONG_COLOUR])]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    argv = ["judge", str(tmp_path / "run"), "--mode", "facts", "--annotate", "--out", str(tmp_path / "j.jsonl"),
+            "--base-url", "http://judge.test/v1", "--model", "judge-x", "--max-retries", "0",
+            "--cache", str(tmp_path / "c.sqlite"), "--no-progress"]
+    assert _main(argv) == 0
+    annotated = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [a["doc_id"] for a in annotated] == [0, 1] and annotated[0]["filtered_resps"] == [REFERENCE]
+    scores = [score_value(a["judge_facts"], "judge_facts", "here") for a in annotated]
+    assert scores == [5.0, pytest.approx(5 * 7 / 8)] and annotated[1]["judge_facts"]["judge_model"] == "judge-x"
+    assert json.loads(capsys.readouterr().out)["mode"] == "facts"
+
+
+def test_demo_caption_tasks_give_their_scene_facts_other_tasks_none(monkeypatch):
+    from judges import cli as judge_cli
+    from lvspec_eval.demo import tasks_data
+
+    scene = world.make_scene(10_003)
+    monkeypatch.setattr(tasks_data, "load_docs", lambda task: [{"scene": scene.to_dict()}])
+    assert judge_cli.task_reference_facts("synthvid_caption_f32") == {0: oracle.scene_facts(scene)}
+    assert judge_cli.task_reference_facts("vdd") == {} and judge_cli.task_reference_facts("synthvid_mcq") == {}
