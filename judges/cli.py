@@ -84,6 +84,9 @@ def _add_judge_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("judge (defaults from the environment, as lmms-eval reads it)")
     g.add_argument("--mode", choices=MODES, default="detail",
                    help="detail (VDD), vcgpt (5 criteria), vdc (VDCscore), facts (F1 of atomic facts; a small judge's mode)")
+    g.add_argument("--caption-facts", choices=("judge", "sentences"), default="judge",
+                   help="facts mode: split each caption into facts by the judge (default) or into its sentences "
+                        "(no request: for a slow CPU judge; see docs/JUDGE.md)")
     g.add_argument("--model", default=None, help="judge model (env MODEL_VERSION)")
     g.add_argument("--base-url", default=None, help="endpoint (env OPENAI_BASE_URL / OPENAI_API_URL)")
     g.add_argument("--api-type", choices=API_TYPES, default=None, help="env API_TYPE")
@@ -204,7 +207,7 @@ def run_judge(args: argparse.Namespace) -> int:
     files = {path: read_samples(path, args.limit, with_facts=args.mode == "facts") for path in sample_files(args.samples)}
     items = [item for file_items in files.values() for item in file_items]
     with _served(args) as extra, _client(args, **extra) as client:
-        results = score_captions(client, items, args.mode)
+        results = score_captions(client, items, args.mode, args.caption_facts)
         judge_info = client.describe()
     if args.annotate:
         done = 0
@@ -270,7 +273,8 @@ def run_judge_check(args: argparse.Namespace) -> int:
     else:
         details: list[dict] = []
         with _served(args) as extra, _client(args, **extra) as client:
-            report = validate.run_check(cands, validate.llm_judge(client, args.mode, args.reference_facts, details))
+            report = validate.run_check(cands, validate.llm_judge(client, args.mode, args.reference_facts, details,
+                                                                      args.caption_facts))
             report = {"judge": client.describe(), **report}
         if args.mode == "facts":
             for row, result in zip(report["rows"], details):
@@ -279,6 +283,7 @@ def run_judge_check(args: argparse.Namespace) -> int:
     report = {"mode": args.mode, "num_scenes": args.num_scenes, "first_seed": args.first_seed,
               "max_questions": args.max_questions if args.mode == "vdc" else None,
               "reference_facts": args.reference_facts if args.mode == "facts" else None,
+              "caption_facts": args.caption_facts if args.mode == "facts" else None,
               "prompts": {n: s.version for n, s in all_specs().items()}, **report}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

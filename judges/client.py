@@ -355,22 +355,21 @@ class CaptionItem:
     reference_facts: tuple[str, ...] = ()
 
 
-def score_captions(client: JudgeClient, items: list[CaptionItem], mode: str) -> list[dict]:
+def score_captions(client: JudgeClient, items: list[CaptionItem], mode: str, caption_facts: str = "judge") -> list[dict]:
     """One result per item: {key, mode, score (0-5 or None), parts, errors}.
 
     `score` is None when any part is missing, so a caption is never scored on part of its
-    criteria; the parts show what did come back.
+    criteria; the parts show what did come back. `caption_facts` (mode facts only): how captions
+    are split into facts, see judges/facts.py.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; allowed: {', '.join(MODES)}")
-    scorer = {"detail": _score_detail, "vcgpt": _score_vcgpt, "vdc": _score_vdc, "facts": _score_facts}[mode]
+    if mode == "facts":
+        from judges.facts import score_facts  # facts.py builds its requests with this module's types
+
+        return score_facts(client, items, caption_facts)
+    scorer = {"detail": _score_detail, "vcgpt": _score_vcgpt, "vdc": _score_vdc}[mode]
     return scorer(client, items)
-
-
-def _score_facts(client: JudgeClient, items: list[CaptionItem]) -> list[dict]:
-    from judges.facts import score_facts  # facts.py builds its requests with this module's types
-
-    return score_facts(client, items)
 
 
 def _result(item: CaptionItem, mode: str, parts: dict, errors: list[str], extra: dict | None = None) -> dict:

@@ -7,7 +7,10 @@ the field's fact-level scoring for video captions (DREAM-1K's AutoDQ, FactScore)
 1. The reference is split into atomic facts (objects, attributes, actions, order): the task's own
    facts when it has them (`CaptionItem.reference_facts`; the demo world states its scene's facts,
    judges/oracle.scene_facts), else one LLM request per distinct reference (prompt `facts-split`).
-2. The prediction is split the same way (one request per distinct caption).
+2. The prediction is split the same way (one request per distinct caption; `caption_facts=
+   "judge"`), or, on a slow judge, into its sentences (`"sentences"`: no request, each sentence one
+   fact to check, so a sentence with one wrong value is one hallucinated fact). A split generates
+   a JSON list (about 8 tokens per fact): on a CPU judge that is most of a caption's cost.
 3. recall = share of the reference's facts the prediction supports; precision = share of the
    prediction's facts the reference supports (a fact it does not: hallucinated). Each is one
    `fact-check` request, a plain-text yes/no with max_tokens=1: one generated token per fact.
@@ -22,6 +25,7 @@ caption's score missing, never 0, with the reason in "errors".
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -59,10 +63,24 @@ def clean_facts(facts: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def score_facts(client: JudgeClient, items: list[CaptionItem]) -> list[dict]:
+CAPTION_FACTS = ("judge", "sentences")
+
+
+def sentence_facts(text: str) -> tuple[str, ...]:
+    """A caption's sentences as its facts (the split that asks no judge)."""
+    return clean_facts(re.split(r"(?<=[.!?;])\s+", text))
+
+
+def score_facts(client: JudgeClient, items: list[CaptionItem], caption_facts: str = "judge") -> list[dict]:
     """One result per item: {key, mode, score (0-5 or None), parts, errors, recall, precision, f1,
-    reference_facts_from ("task" or "judge"), reference_facts and caption_facts ([{fact, supported}])}."""
-    split = _split_all(client, [i.reference for i in items if not i.reference_facts] + [i.caption for i in items])
+    reference_facts_from ("task" or "judge"), reference_facts and caption_facts ([{fact, supported}])}.
+    `caption_facts`: how the captions are split, "judge" (an LLM request each) or "sentences"."""
+    if caption_facts not in CAPTION_FACTS:
+        raise ValueError(f"caption_facts={caption_facts!r}; allowed: {', '.join(CAPTION_FACTS)}")
+    by_judge = [i.caption for i in items] if caption_facts == "judge" else []
+    split = _split_all(client, [i.reference for i in items if not i.reference_facts] + by_judge)
+    if caption_facts == "sentences":
+        split.update({i.caption: (sentence_facts(i.caption), None) for i in items})
     reference = {i.key: (clean_facts(i.reference_facts), None) if i.reference_facts else split[i.reference]
                  for i in items}
     pairs = []  # (description, fact): recall asks about the caption, precision about the reference

@@ -66,7 +66,10 @@ def correct_facts(text: str, scene: world.Scene) -> set[str]:
     return right
 
 
-_CANONICAL_MOTION = {m: phrases[0][0] for m, phrases in world._MOTION_PHRASES.items()}
+# the world's favourite phrase per motion; "still" names its two common phrasings at once (the
+# 1.5B judge did not take "stays still" for "does not move" on tuning scenes)
+_CANONICAL_MOTION = {**{m: phrases[0][0] for m, phrases in world._MOTION_PHRASES.items()},
+                     "still": "does not move (it stays still)"}
 
 
 def scene_facts(scene: world.Scene) -> tuple[str, ...]:
@@ -79,7 +82,7 @@ def scene_facts(scene: world.Scene) -> tuple[str, ...]:
     facts = [f"There {'is' if n == 1 else 'are'} {world.COUNT_WORDS[n]} object{'' if n == 1 else 's'}.",
              f"The background is {scene.background}."]
     for k, obj in enumerate(scene.objects):
-        name = "The object" if n == 1 else f"The {world.ORDINALS[k]} object to appear"
+        name = "The object" if n == 1 else f"The {world.ORDINALS[k]} object"
         facts += [f"{name} is {obj.colour}.", f"{name} is a {obj.shape}.", f"{name} is {obj.size}.",
                   f"{name} {_CANONICAL_MOTION[obj.motion]}."]
     return tuple(facts)

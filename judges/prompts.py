@@ -174,7 +174,10 @@ _CHECK = (
     "You check one statement about a video against a description of that video. Answer yes if the "
     "description states the statement or says the same in other words. Answer no if the description "
     "says something different (another colour, shape, size, motion, number or order) or does not say "
-    "it. Answer with one word: yes or no."
+    "it. Objects are counted in the order the description mentions them: the first object is the one "
+    "it mentions first (\"First, a ...\", \"At the start, a ...\"), the second the one it mentions next "
+    "(\"Then a ...\", \"Next, a ...\"), and so on. Does the description support the statement? Answer "
+    "with one word: yes or no."
 )
 
 
@@ -188,7 +191,9 @@ def fact_check_messages(text: str, fact: str) -> Messages:
     """Does `text` support `fact`? yes/no. The description comes before the statement, so the
     questions about one description share everything up to the statement (llama.cpp evaluates that
     prefix once)."""
-    user = f"Description: {text}\nStatement: {fact}\nDoes the description support the statement? Answer yes or no."
+    # the question and the reply instruction are in the system prompt: each question adds only its
+    # statement (a dozen tokens) to the shared prefix
+    user = f"Description: {text}\nStatement: {fact}"
     return [{"role": "system", "content": _CHECK}, {"role": "user", "content": user}]
 
 

@@ -211,13 +211,14 @@ def run_check(cands: list[Candidate], judge: Callable[[list[Candidate]], list[fl
 REFERENCE_FACTS = ("scene", "judge")
 
 
-def llm_judge(client: JudgeClient, mode: str, reference_facts: str = "scene",
-              details: list | None = None) -> Callable[[list[Candidate]], list[float | None]]:
+def llm_judge(client: JudgeClient, mode: str, reference_facts: str = "scene", details: list | None = None,
+              caption_facts: str = "judge") -> Callable[[list[Candidate]], list[float | None]]:
     """An LLM judge for `run_check`: each candidate judged against its reference in `mode`.
 
     Mode facts takes the reference's facts from the scene (`reference_facts="scene"`, what a task
     that knows its facts does) or has the judge split the reference ("judge", what a task without
-    them gets). `details`, if given, receives the judge's full result per candidate.
+    them gets); `caption_facts` says how it splits the captions (judges/facts.py). `details`, if
+    given, receives the judge's full result per candidate.
     """
     from judges.client import CaptionItem, score_captions  # here: the oracle path needs no openai
 
@@ -229,7 +230,7 @@ def llm_judge(client: JudgeClient, mode: str, reference_facts: str = "scene",
                              question=world.CAPTION_PROMPT, qa=c.qa,
                              reference_facts=c.reference_facts if reference_facts == "scene" else ())
                  for n, c in enumerate(cands)]
-        results = score_captions(client, items, mode)
+        results = score_captions(client, items, mode, caption_facts)
         if details is not None:
             details.extend(results)
         return [r["score"] for r in results]

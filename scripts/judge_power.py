@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     judged_items += [CaptionItem(f"wrong/{d}", wrong[d], i.reference, i.question, i.qa, i.reference_facts)
                      for d, i in zip(original, items)]
     with judge_cli._served(args) as extra, judge_cli._client(args, **extra) as client:
-        results = score_captions(client, judged_items, args.mode)
+        results = score_captions(client, judged_items, args.mode, args.caption_facts)
         judge_info = client.describe()
     scores = {}
     for r in results:
@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     first_fail = next((s["k"] for s in steps if not s["check_passes"]), None)
     caught = sum(scores[("wrong", d)]["score"] is not None and scores[("orig", d)]["score"] is not None
                  and scores[("wrong", d)]["score"] < scores[("orig", d)]["score"] for d in original)
-    report = {"mode": args.mode, "change": args.change, "run": str(args.run), "num_captions": len(order), "first_failing_k": first_fail,
+    report = {"mode": args.mode, "caption_facts": args.caption_facts if args.mode == "facts" else None,
+              "change": args.change, "run": str(args.run), "num_captions": len(order), "first_failing_k": first_fail,
               "wrong_scored_lower": caught, "order": order, "steps": steps, "judge": judge_info,
               "captions": [{"doc_id": d, "swap": swapped[d], "score": scores[("orig", d)]["score"],
                             "wrong_score": scores[("wrong", d)]["score"]} for d in original]}

@@ -31,7 +31,7 @@ def rule_reply(splits: dict[str, list[str]] = SPLITS, junk_for: str | None = Non
         system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
         if system.startswith("You split"):
             return json.dumps({"facts": splits[user.removeprefix("Description: ")]})
-        match = re.match(r"Description: (.*)\nStatement: (.*)\nDoes", user, re.S)
+        match = re.match(r"Description: (.*)\nStatement: (.*)$", user, re.S)
         if match is None:  # a re-ask
             return "Perhaps"
         text, statement = match.groups()
@@ -251,3 +251,17 @@ def test_demo_caption_tasks_give_their_scene_facts_other_tasks_none(monkeypatch)
     monkeypatch.setattr(tasks_data, "load_docs", lambda task: [{"scene": scene.to_dict()}])
     assert judge_cli.task_reference_facts("synthvid_caption_f32") == {0: oracle.scene_facts(scene)}
     assert judge_cli.task_reference_facts("vdd") == {} and judge_cli.task_reference_facts("synthvid_mcq") == {}
+
+
+def test_captions_split_into_sentences_ask_no_split_request():
+    fake = FakeJudge(rule_reply())
+    own = ("The circle is red.", "The square is blue.")
+    item = CaptionItem("k", WRONG_COLOUR, REFERENCE, reference_facts=own)
+    (result,) = score_captions(make_client(fake), [item], "facts", caption_facts="sentences")
+    assert splits_sent(fake) == []
+    assert [r["fact"] for r in result["caption_facts"]] == list(facts.sentence_facts(WRONG_COLOUR))
+    assert [r["supported"] for r in result["caption_facts"]] == [True, False, True]  # the green circle's sentence
+    assert result["precision"] == 2 / 3 and result["recall"] == 0.5
+    assert facts.sentence_facts("A b. C d!  E f; g") == ("A b.", "C d!", "E f;", "g")
+    with pytest.raises(ValueError, match="caption_facts='words'"):
+        score_captions(make_client(fake), [item], "facts", caption_facts="words")
