@@ -265,3 +265,30 @@ def test_captions_split_into_sentences_ask_no_split_request():
     assert facts.sentence_facts("A b. C d!  E f; g") == ("A b.", "C d!", "E f;", "g")
     with pytest.raises(ValueError, match="caption_facts='words'"):
         score_captions(make_client(fake), [item], "facts", caption_facts="words")
+
+
+def _power_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "judge_power.py"
+    spec = importlib.util.spec_from_file_location("judge_power", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_power_script_swaps_one_word_of_the_first_kind_the_caption_has():
+    import random
+
+    power = _power_script()
+    caption = "There are two objects on a gray background. First, a small red circle moves to the left."
+    wrong, what = power.wrong_fact(caption, ["motion", "colour", "shape"], random.Random(0))
+    assert what.startswith("motion: left -> ") and wrong != caption
+    assert [a for a, b in zip(caption.split(), wrong.split()) if a != b] == ["left."]
+    wrong, what = power.wrong_fact("A big circle.", ["colour", "shape", "motion"], random.Random(0))
+    assert what.startswith("shape: circle -> ")  # no colour word: the next kind
+    with pytest.raises(ValueError, match="no colour, shape or motion word"):
+        power.wrong_fact("Nothing here.", ["colour"], random.Random(0))
+    scene = world.make_scene(10_000)
+    assert power.paraphrase(world.make_caption(scene), scene) != world.make_caption(scene)
