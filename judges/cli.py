@@ -49,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     judge.add_argument("samples", nargs="+", type=Path, help="samples .jsonl files or folders holding them")
     judge.add_argument("--out", type=Path, required=True, help="output JSONL, one line per (task, doc_id)")
     judge.add_argument("--limit", type=int, default=None, help="judge at most this many samples per file")
+    judge.add_argument("--annotate", action="store_true",
+                       help="also write each score into its samples file, as the per-sample metric judge_<mode> "
+                            "(then `lvspec-eval report --metric TASK=judge_<mode>` reports it)")
     _add_judge_options(judge)
     judge.set_defaults(func=_stops_with_one_error(run_judge))
 
@@ -59,6 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     check.add_argument("--max-questions", type=int, default=None,
                        help="vdc mode: at most this many reference questions per scene, drawn by the scene seed")
     check.add_argument("--oracle", action="store_true", help="judge with the oracle itself (harness self-test)")
+    check.add_argument("--reference-facts", choices=("scene", "judge"), default="scene",
+                       help="facts mode: the reference's facts from the scene (default) or split by the judge")
     _add_judge_options(check)
     check.set_defaults(func=_stops_with_one_error(run_judge_check))
 
@@ -77,7 +82,11 @@ def _stops_with_one_error(run):
 
 def _add_judge_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("judge (defaults from the environment, as lmms-eval reads it)")
-    g.add_argument("--mode", choices=MODES, default="detail", help="detail (VDD), vcgpt (5 criteria), vdc (VDCscore)")
+    g.add_argument("--mode", choices=MODES, default="detail",
+                   help="detail (VDD), vcgpt (5 criteria), vdc (VDCscore), facts (F1 of atomic facts; a small judge's mode)")
+    g.add_argument("--caption-facts", choices=("judge", "sentences"), default="judge",
+                   help="facts mode: split each caption into facts by the judge (default) or into its sentences "
+                        "(no request: for a slow CPU judge; see docs/JUDGE.md)")
     g.add_argument("--model", default=None, help="judge model (env MODEL_VERSION)")
     g.add_argument("--base-url", default=None, help="endpoint (env OPENAI_BASE_URL / OPENAI_API_URL)")
     g.add_argument("--api-type", choices=API_TYPES, default=None, help="env API_TYPE")
@@ -161,9 +170,23 @@ def sample_qa(sample: dict) -> tuple[tuple[str, str], ...]:
     return tuple((str(q), str(a)) for q, a in pairs)
 
 
-def read_samples(path: Path, limit: int | None = None) -> list[CaptionItem]:
-    """CaptionItems of one samples file; key = '<task>/<doc_id>'."""
+def task_reference_facts(task: str) -> dict[int, tuple[str, ...]]:
+    """The reference facts a task knows, by doc_id (mode facts uses them instead of asking the judge
+    to split the reference): the demo world's caption tasks (synthvid_caption*) state their
+    scene's facts (judges/oracle.scene_facts); other tasks know none ({})."""
+    if not task.startswith("synthvid_caption"):
+        return {}
+    from judges.oracle import scene_facts
+    from lvspec_eval.demo import tasks_data, world
+
+    return {n: scene_facts(world.Scene.from_dict(doc["scene"])) for n, doc in enumerate(tasks_data.load_docs(task))}
+
+
+def read_samples(path: Path, limit: int | None = None, with_facts: bool = False) -> list[CaptionItem]:
+    """CaptionItems of one samples file; key = '<task>/<doc_id>'. `with_facts`: the task's own
+    reference facts where it has them (task_reference_facts)."""
     task, items = task_name(path), []
+    facts = task_reference_facts(task) if with_facts else {}
     with open(path, encoding="utf-8") as f:
         for line in f:
             if not line.strip():
@@ -173,17 +196,24 @@ def read_samples(path: Path, limit: int | None = None) -> list[CaptionItem]:
             question = sample.get("input") if isinstance(sample.get("input"), str) else doc.get("question")
             items.append(CaptionItem(key=f"{task}/{sample['doc_id']}", caption=response_text(sample),
                                      reference=str(sample.get("target", "")),
-                                     question=question or DEFAULT_QUESTION, qa=sample_qa(sample)))
+                                     question=question or DEFAULT_QUESTION, qa=sample_qa(sample),
+                                     reference_facts=facts.get(sample["doc_id"], ())))
             if limit is not None and len(items) >= limit:
                 break
     return items
 
 
 def run_judge(args: argparse.Namespace) -> int:
-    items = [item for path in sample_files(args.samples) for item in read_samples(path, args.limit)]
+    files = {path: read_samples(path, args.limit, with_facts=args.mode == "facts") for path in sample_files(args.samples)}
+    items = [item for file_items in files.values() for item in file_items]
     with _served(args) as extra, _client(args, **extra) as client:
-        results = score_captions(client, items, args.mode)
+        results = score_captions(client, items, args.mode, args.caption_facts)
         judge_info = client.describe()
+    if args.annotate:
+        done = 0
+        for path, file_items in files.items():
+            annotate_samples(path, results[done:done + len(file_items)], args.mode, judge_info["model"])
+            done += len(file_items)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         for r in results:
@@ -193,6 +223,25 @@ def run_judge(args: argparse.Namespace) -> int:
     summary = _summary(results, judge_info, args.mode)
     print(json.dumps(summary, indent=2))
     return 1 if results and summary["missing"] == len(results) else 0
+
+
+def annotate_samples(path: Path, results: list[dict], mode: str, judge_model: str) -> None:
+    """Add each result to its line of the samples file as metric judge_<mode> (lmms-eval's form of a
+    judged value: a dict whose "score" is the number, None when missing), replacing the file."""
+    by_doc = {_doc_id(r["key"].rsplit("/", 1)[1]): r for r in results}
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            sample = json.loads(line)
+            result = by_doc.get(sample["doc_id"])
+            if result is not None:
+                sample[f"judge_{mode}"] = {"score": result["score"], "judge_error": "; ".join(result["errors"]) or None,
+                                           "judge_model": judge_model}
+            line = json.dumps(sample, ensure_ascii=False)
+        lines.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp.replace(path)
 
 
 def _doc_id(text: str) -> int | str:
@@ -222,11 +271,19 @@ def run_judge_check(args: argparse.Namespace) -> int:
     if args.oracle:
         report = {"judge": {"oracle": True}, **validate.run_check(cands, validate.oracle_scores)}
     else:
+        details: list[dict] = []
         with _served(args) as extra, _client(args, **extra) as client:
-            report = validate.run_check(cands, validate.llm_judge(client, args.mode))
+            report = validate.run_check(cands, validate.llm_judge(client, args.mode, args.reference_facts, details,
+                                                                      args.caption_facts))
             report = {"judge": client.describe(), **report}
+        if args.mode == "facts":
+            for row, result in zip(report["rows"], details):
+                row["facts"] = {k: result[k] for k in ("recall", "precision", "f1", "reference_facts_from",
+                                                        "reference_facts", "caption_facts", "errors")}
     report = {"mode": args.mode, "num_scenes": args.num_scenes, "first_seed": args.first_seed,
               "max_questions": args.max_questions if args.mode == "vdc" else None,
+              "reference_facts": args.reference_facts if args.mode == "facts" else None,
+              "caption_facts": args.caption_facts if args.mode == "facts" else None,
               "prompts": {n: s.version for n, s in all_specs().items()}, **report}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 
@@ -79,6 +80,11 @@ class ClientStats:
     cache_hits: int = 0
     reasks: int = 0
     format_fallbacks: int = 0
+    # what the requests sent cost (cached replies cost nothing): the server's usage counts, and
+    # seconds from sending to the full reply
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    request_seconds: float = 0.0
 
     @property
     def failure_rate(self) -> float:
@@ -140,7 +146,7 @@ class JudgeClient:
         return {"endpoint": self.endpoint, "format_mode": self.format_mode, **self.config.describe(),
                 "stats": self.stats.as_dict()}
 
-    def _count(self, **increments: int) -> None:
+    def _count(self, **increments: float) -> None:
         with self._stats_lock:
             for name, inc in increments.items():
                 setattr(self.stats, name, getattr(self.stats, name) + inc)
@@ -228,13 +234,13 @@ class JudgeClient:
     # ------------------------------------------------------------------------------------------
     # Transport
 
-    def _params(self) -> dict:
+    def _params(self, spec: PromptSpec) -> dict:
         c = self.config
-        return {"temperature": c.temperature, "seed": c.seed, "max_tokens": c.max_tokens}
+        return {"temperature": c.temperature, "seed": c.seed, "max_tokens": spec.max_tokens or c.max_tokens}
 
     def _ask(self, spec: PromptSpec, messages: Messages) -> tuple[str, bool]:
         """The raw reply from the cache, or from the server (then cached at once)."""
-        params = self._params()
+        params = self._params(spec)
         key = request_key(self.config.model, spec.key, messages, params)
         if self.cache is not None:
             hit = self.cache.get(key)
@@ -249,6 +255,8 @@ class JudgeClient:
         return raw, False
 
     def _send(self, spec: PromptSpec, messages: Messages, params: dict) -> str:
+        if spec.plain:  # a one-word reply needs no format, and must not be forced into JSON
+            return self._create("text", spec, messages, params)
         if not self._format_known:
             with self._format_lock:  # one thread negotiates; the others wait for its answer
                 if not self._format_known:
@@ -287,7 +295,12 @@ class JudgeClient:
         elif mode == "json_object":
             kwargs["response_format"] = {"type": "json_object"}
         self._count(requests_sent=1)
+        start = time.perf_counter()
         completion = self._openai.chat.completions.create(**kwargs)
+        usage = getattr(completion, "usage", None)
+        self._count(request_seconds=time.perf_counter() - start,
+                    prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+                    completion_tokens=getattr(usage, "completion_tokens", 0) or 0)
         if not completion.choices:
             return ""
         return completion.choices[0].message.content or ""
@@ -315,39 +328,46 @@ def _setup_message(err: openai.APIStatusError, endpoint: str, api_type: str) -> 
 
 def _reask(spec: PromptSpec, raw: str, reason: str) -> Messages:
     """Show the judge its unreadable reply and ask again (deterministic: fixed words)."""
+    what = f"one word: {spec.example}" if spec.plain else f"only the JSON object, of the form {spec.example}"
     return [
         {"role": "assistant", "content": raw},
-        {"role": "user", "content": f"That reply could not be read ({reason}). Reply again with only "
-                                    f"the JSON object, of the form {spec.example}."},
+        {"role": "user", "content": f"That reply could not be read ({reason}). Reply again with {what}."},
     ]
 
 
 # ----------------------------------------------------------------------------------------------
 # Caption scoring: the three judge modes, each turning captions into one 0-5 score per caption.
 
-MODES = ("detail", "vcgpt", "vdc")
+MODES = ("detail", "vcgpt", "vdc", "facts")
 DEFAULT_QUESTION = "Describe the video in detail."
 
 
 @dataclass(frozen=True)
 class CaptionItem:
-    """A caption to judge, its reference, the question that asked for it, and (vdc) reference Q&A."""
+    """A caption to judge, its reference, the question that asked for it, (vdc) reference Q&A and
+    (facts) the reference's atomic facts when the task knows them (else the judge splits it)."""
 
     key: str
     caption: str
     reference: str
     question: str = DEFAULT_QUESTION
     qa: tuple[tuple[str, str], ...] = ()
+    reference_facts: tuple[str, ...] = ()
 
 
-def score_captions(client: JudgeClient, items: list[CaptionItem], mode: str) -> list[dict]:
+def score_captions(client: JudgeClient, items: list[CaptionItem], mode: str, caption_facts: str = "judge") -> list[dict]:
     """One result per item: {key, mode, score (0-5 or None), parts, errors}.
 
     `score` is None when any part is missing, so a caption is never scored on part of its
-    criteria; the parts show what did come back.
+    criteria; the parts show what did come back. `caption_facts` (mode facts only): how captions
+    are split into facts, see judges/facts.py.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; allowed: {', '.join(MODES)}")
+    if mode == "facts":
+        from judges.facts import score_facts  # facts.py builds its requests with this module's types
+
+        return score_facts(client, items, caption_facts)
     scorer = {"detail": _score_detail, "vcgpt": _score_vcgpt, "vdc": _score_vdc}[mode]
     return scorer(client, items)
 

@@ -64,3 +64,25 @@ def correct_facts(text: str, scene: world.Scene) -> set[str]:
     for k, (mention, obj) in enumerate(zip(facts.objects, scene.objects)):
         right |= {f"object{k}.{a}" for a, v in mention.items() if v is not None and getattr(obj, a) == v}
     return right
+
+
+# the world's favourite phrase per motion; "still" names its two common phrasings at once (the
+# 1.5B judge did not take "stays still" for "does not move" on tuning scenes)
+_CANONICAL_MOTION = {**{m: phrases[0][0] for m, phrases in world._MOTION_PHRASES.items()},
+                     "still": "does not move (it stays still)"}
+
+
+def scene_facts(scene: world.Scene) -> tuple[str, ...]:
+    """The scene's atomic facts as sentences, for the LLM judge's `facts` mode: the number of
+    objects, the background, and each object's colour, shape, size and motion, the object named by
+    its order of appearance (which states the order too). These are the 2 + 4n facts the oracle
+    counts (`score_caption`'s recall denominator), so a judge that checks each one right has the
+    oracle's recall."""
+    n = len(scene.objects)
+    facts = [f"There {'is' if n == 1 else 'are'} {world.COUNT_WORDS[n]} object{'' if n == 1 else 's'}.",
+             f"The background is {scene.background}."]
+    for k, obj in enumerate(scene.objects):
+        name = "The object" if n == 1 else f"The {world.ORDINALS[k]} object"
+        facts += [f"{name} is {obj.colour}.", f"{name} is a {obj.shape}.", f"{name} is {obj.size}.",
+                  f"{name} {_CANONICAL_MOTION[obj.motion]}."]
+    return tuple(facts)

@@ -13,11 +13,15 @@ Prompts follow the published judges in spirit (our own wording):
 - `vcgpt-*`: Video-ChatGPT's five criteria, one request each, 0-5 each.
 - `vdc-answer` + `vdc-score`: VDCscore. The judge answers each reference question from the
   caption alone, then marks the answer against the reference answer: yes/no plus 0-5.
+- `facts-split` + `fact-check`: fact-level fidelity (judges/facts.py; after DREAM-1K's AutoDQ and
+  FactScore): a description is split into atomic facts, and each fact is checked against the other
+  description with a one-word yes/no question, the form a small judge answers best.
 """
 from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import dataclass
 
 Messages = list[dict[str, str]]
@@ -38,6 +42,10 @@ class PromptSpec:
     version: str
     schema: dict
     example: str  # the reply format as shown to the judge
+    # A bare word reply (yes/no), asked in plain text whatever format the server negotiated: one
+    # generated token is the whole answer, where a JSON object costs about six.
+    plain: bool = False
+    max_tokens: int | None = None  # None: the client's max_tokens
 
     @property
     def key(self) -> str:
@@ -55,6 +63,14 @@ VDC_SCORE = PromptSpec(
     _object_schema({"pred": {"type": "string", "enum": ["yes", "no"]}, "score": SCORE_0_5}),
     '{"pred": <"yes" or "no">, "score": <integer from 0 to 5>}',
 )
+
+FACTS_SPLIT = PromptSpec(
+    "facts-split", "v1",
+    _object_schema({"facts": {"type": "array", "items": {"type": "string"}}}),
+    '{"facts": ["<one short fact>", "<another fact>", ...]}', max_tokens=400,
+)
+FACT_CHECK = PromptSpec("fact-check", "v1", _object_schema({"answer": {"type": "string", "enum": ["yes", "no"]}}),
+                        "yes or no", plain=True, max_tokens=1)
 
 # Video-ChatGPT criterion -> what the judge is told to look at.
 VCGPT_CRITERIA = {
@@ -144,9 +160,46 @@ def vdc_score_messages(question: str, answer: str, predicted: str) -> Messages:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
+# Fact splitting: what an atomic fact is, with the demo world's kind of example (any video works).
+_SPLIT = (
+    "You split a description of a video into atomic facts. An atomic fact is one short sentence that "
+    "states one thing only: how many objects there are; the setting or background; one attribute of "
+    "one object (its colour, shape, size, or what it does and which way it moves); or the order in "
+    "which two things happen. Name the object in every fact so that the fact stands alone, as in "
+    "'The first object is a circle.', 'The first object is red.', 'The red circle moves to the left.', "
+    "'The blue square appears after the red circle.'. List every fact the description states, each "
+    "once, and add none."
+)
+_CHECK = (
+    "You check one statement about a video against a description of that video. Answer yes if the "
+    "description states the statement or says the same in other words. Answer no if the description "
+    "says something different (another colour, shape, size, motion, number or order) or does not say "
+    "it. Objects are counted in the order the description mentions them: the first object is the one "
+    "it mentions first (\"First, a ...\", \"At the start, a ...\"), the second the one it mentions next "
+    "(\"Then a ...\", \"Next, a ...\"), and so on. Does the description support the statement? Answer "
+    "with one word: yes or no."
+)
+
+
+def facts_split_messages(text: str) -> Messages:
+    """Split a description (a reference or a prediction) into atomic facts."""
+    system = f"{_SPLIT}\n{_reply_instruction(FACTS_SPLIT)}"
+    return [{"role": "system", "content": system}, {"role": "user", "content": f"Description: {text}"}]
+
+
+def fact_check_messages(text: str, fact: str) -> Messages:
+    """Does `text` support `fact`? yes/no. The description comes before the statement, so the
+    questions about one description share everything up to the statement (llama.cpp evaluates that
+    prefix once)."""
+    # the question and the reply instruction are in the system prompt: each question adds only its
+    # statement (a dozen tokens) to the shared prefix
+    user = f"Description: {text}\nStatement: {fact}"
+    return [{"role": "system", "content": _CHECK}, {"role": "user", "content": user}]
+
+
 def all_specs() -> dict[str, PromptSpec]:
     """Every prompt by name, for reports (which versions judged a run)."""
-    specs = [DETAIL, VDC_ANSWER, VDC_SCORE, *VCGPT.values()]
+    specs = [DETAIL, VDC_ANSWER, VDC_SCORE, *VCGPT.values(), FACTS_SPLIT, FACT_CHECK]
     return {s.name: s for s in specs}
 
 
@@ -196,6 +249,10 @@ def coerce(schema: dict, value: object, where: str = "reply") -> object:
         if missing:
             raise ValueError(f"{where}: missing key(s) {missing}")
         return {k: coerce(sub, value[k], f"{where}.{k}") for k, sub in schema["properties"].items() if k in value}
+    if kind == "array":
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+        return [coerce(schema["items"], v, f"{where}[{n}]") for n, v in enumerate(value)]
     if kind == "integer":
         number = _as_integer(value, where)
         if "enum" in schema and number not in schema["enum"]:
@@ -210,7 +267,7 @@ def coerce(schema: dict, value: object, where: str = "reply") -> object:
             if text not in schema["enum"]:
                 raise ValueError(f"{where}: {value!r} not in {schema['enum']}")
         return text
-    raise ValueError(f"schema type {kind!r} is not supported; use object, integer or string")
+    raise ValueError(f"schema type {kind!r} is not supported; use object, array, integer or string")
 
 
 def _as_integer(value: object, where: str) -> int:
@@ -225,8 +282,24 @@ def _as_integer(value: object, where: str) -> int:
     raise ValueError(f"{where}: expected an integer, got {value!r}")
 
 
+_YES_NO = {"yes": "yes", "no": "no", "true": "yes", "false": "no"}
+
+
+def parse_yes_no(text: str) -> str:
+    """'yes' or 'no' from a one-word reply ("Yes", " no.", "**Yes**", '{"answer": "no"}'); ValueError else."""
+    found = extract_json(text)
+    if isinstance(found, dict) and len(found) == 1:
+        text = str(next(iter(found.values())))
+    words = re.findall(r"[a-z]+", text.lower())
+    if not words or words[0] not in _YES_NO:
+        raise ValueError(f"expected yes or no, got {text.strip()[:40]!r}")
+    return _YES_NO[words[0]]
+
+
 def parse_reply(spec: PromptSpec, text: str) -> dict:
     """The validated reply of prompt `spec`; ValueError saying why it does not parse."""
+    if spec.plain:
+        return {"answer": parse_yes_no(text)}
     found = extract_json(text)
     if found is None:
         raise ValueError(f"{spec.key}: no JSON object in the reply")

@@ -44,6 +44,7 @@ class Candidate:
     swaps: tuple[str, ...]  # what was made wrong, e.g. ("colour@0",)
     oracle_f1: float
     qa: tuple[tuple[str, str], ...]
+    reference_facts: tuple[str, ...] = ()  # the scene's facts (oracle.scene_facts), for mode facts
 
 
 def perturb_scene(scene: world.Scene, swaps: Sequence[tuple[int, str]], rng: random.Random) -> world.Scene:
@@ -106,10 +107,10 @@ def make_candidates(num_scenes: int, first_seed: int = 10_000, max_questions: in
         for swaps in swap_sets:
             names = tuple(f"{k}@{i}" for i, k in swaps)
             texts.append((f"perturbed-{len(swaps)}", perturbed_caption(scene, swaps, para_seed, rng), names))
-        qa = pick_questions(scene_qa(scene), max_questions, seed)
+        qa, facts = pick_questions(scene_qa(scene), max_questions, seed), oracle.scene_facts(scene)
         for kind, text, names in texts:
             f1 = oracle.score_caption(text, scene)["f1"]
-            out.append(Candidate(seed, kind, text, reference, names, f1, qa))
+            out.append(Candidate(seed, kind, text, reference, names, f1, qa, facts))
     return out
 
 
@@ -207,13 +208,31 @@ def run_check(cands: list[Candidate], judge: Callable[[list[Candidate]], list[fl
     return {**summarise(cands, scores), "oracle_ceiling": summarise(cands, oracle_scores(cands)), "rows": rows}
 
 
-def llm_judge(client: JudgeClient, mode: str) -> Callable[[list[Candidate]], list[float | None]]:
-    """An LLM judge for `run_check`: each candidate judged against its reference in `mode`."""
+REFERENCE_FACTS = ("scene", "judge")
+
+
+def llm_judge(client: JudgeClient, mode: str, reference_facts: str = "scene", details: list | None = None,
+              caption_facts: str = "judge") -> Callable[[list[Candidate]], list[float | None]]:
+    """An LLM judge for `run_check`: each candidate judged against its reference in `mode`.
+
+    Mode facts takes the reference's facts from the scene (`reference_facts="scene"`, what a task
+    that knows its facts does) or has the judge split the reference ("judge", what a task without
+    them gets); `caption_facts` says how it splits the captions (judges/facts.py). `details`, if
+    given, receives the judge's full result per candidate.
+    """
     from judges.client import CaptionItem, score_captions  # here: the oracle path needs no openai
+
+    if reference_facts not in REFERENCE_FACTS:
+        raise ValueError(f"reference_facts={reference_facts!r}; allowed: {', '.join(REFERENCE_FACTS)}")
 
     def judge(cands: list[Candidate]) -> list[float | None]:
         items = [CaptionItem(key=f"{c.scene_seed}/{n}", caption=c.caption, reference=c.reference,
-                             question=world.CAPTION_PROMPT, qa=c.qa) for n, c in enumerate(cands)]
-        return [r["score"] for r in score_captions(client, items, mode)]
+                             question=world.CAPTION_PROMPT, qa=c.qa,
+                             reference_facts=c.reference_facts if reference_facts == "scene" else ())
+                 for n, c in enumerate(cands)]
+        results = score_captions(client, items, mode, caption_facts)
+        if details is not None:
+            details.extend(results)
+        return [r["score"] for r in results]
 
     return judge

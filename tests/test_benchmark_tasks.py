@@ -260,6 +260,11 @@ def test_judged_caption_scores_flow_into_the_metrics(roots, monkeypatch):
     assert seen[0][0] == "vdc" and seen[0][1].qa == tuple((q["question"], q["answer"]) for q in doc["qa_list"])
     vdd = load_utils("vdd").process_results(rows("vdd")[0], ["caption"])
     assert seen[1][0] == "detail" and vdd["detail_score"]["score"] == 3.5
+    # the _facts variants: the same caption and reference, judged in mode facts
+    vdd_facts = load_utils("vdd").process_results_facts(rows("vdd")[0], ["caption"])
+    vdc_facts = load_utils("vdc").process_results_facts(doc, ["caption"])
+    assert [m for m, _ in seen[2:]] == ["facts", "facts"] and seen[3][1].reference == doc["caption"]
+    assert vdd_facts["facts_score"]["score"] == vdc_facts["facts_score"]["score"] == 3.5
 
 
 def test_moviechat_answers_are_judged_yes_no(roots, monkeypatch):

@@ -77,6 +77,24 @@ def test_real_server_negotiated_format_is_ours_and_cached_second_run_sends_nothi
         assert (r["score"] is None) == bool(r["errors"])
     print({"format": first.format_mode, "scores": [r["score"] for r in results], "stats": first.stats.as_dict()})
 
+def test_real_server_facts_mode_one_token_yes_no_and_a_second_run_sends_nothing(server, tmp_path):
+    # one scene, identity and one wrong fact: kept short (a split generates a JSON list)
+    cands = [c for c in validate.make_candidates(1) if c.kind in ("identity", "perturbed-1")][:2]
+    items = [CaptionItem(f"demo/{n}", c.caption, c.reference, reference_facts=c.reference_facts)
+             for n, c in enumerate(cands)]
+    with JudgeCache(tmp_path / "cache.sqlite") as cache:
+        first = _client(server, cache)
+        results = score_captions(first, items, "facts")
+        sent = server.request_count()
+        assert first.stats.completion_tokens > 0 and first.stats.request_seconds > 0
+        again = score_captions(_client(server, cache), items, "facts")
+        assert server.request_count() == sent, "the second run sent requests despite the cache"
+    assert [r["score"] for r in again] == [r["score"] for r in results]
+    for r in results:
+        assert r["score"] is None or 0 <= r["score"] <= 5
+        assert (r["score"] is None) == bool(r["errors"])
+        assert r["reference_facts_from"] == "task"
+
 
 def test_real_server_vdc_question_answer_mode(server, tmp_path):
     scene = world.make_scene(3)

@@ -79,13 +79,16 @@ TASKS = {
     "lvspec_videomme": "videomme",
     **{f"vdc_{d}": "vdc" for d in ("detailed", "camera", "short", "background", "main_object")},
     "vdd": "vdd",
+    # the same data judged in mode facts (a small local judge's mode; docs/JUDGE.md)
+    "vdd_facts": "vdd",
+    "vdc_detailed_facts": "vdc",
     "lvspec_moviechat_global": "moviechat",
     "lvspec_moviechat_breakpoint": "moviechat",
     "lvspec_mvbench": "mvbench",
     "lvspec_mlvu": "mlvu",
     "lvspec_longvideobench": "longvideobench",
 }
-GROUPS = {"vdc": tuple(t for t in TASKS if t.startswith("vdc_"))}
+GROUPS = {"vdc": tuple(t for t in TASKS if t.startswith("vdc_") and not t.endswith("_facts"))}
 
 
 def get(name: str) -> Benchmark:

@@ -58,6 +58,12 @@ def process_results(doc, results):
     }
 
 
+def process_results_facts(doc, results):
+    """vdc_*_facts: fact F1 of the caption against VDC's reference caption (judge mode facts), 0-5."""
+    result = judge.score_caption("facts", f"vdc/{doc['video_name']}", results[0], doc["caption"], "")
+    return {"facts_score": judge.judged(result["score"], result["error"], video_name=doc["video_name"])}
+
+
 def aggregate(results):
     """Mean over judged samples (missing judgments left out and counted in the log)."""
     return metrics.mean_judged(results)

@@ -32,3 +32,9 @@ def process_results(doc, results):
 def aggregate(results):
     """Mean detail score (0-5) over judged samples."""
     return metrics.mean_judged(results)
+
+
+def process_results_facts(doc, results):
+    """vdd_facts: fact F1 of the caption against the reference answer (judge mode facts), 0-5."""
+    result = judge.score_caption("facts", f"vdd/{doc['video_name']}", results[0], doc["answer"], doc["question"])
+    return {"facts_score": judge.judged(result["score"], result["error"], video_name=doc["video_name"])}
