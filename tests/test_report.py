@@ -188,6 +188,7 @@ def test_e2e_speedup_is_the_median_of_paired_ratios_with_its_interval():
     fields = report.speed_fields(pairs)
     assert fields["e2e_speedup"] == 2.0 and fields["e2e_speedup_total"] == pytest.approx(16 / 17)
     assert fields["e2e_speedup_ci"] == [2.0, 2.0] and fields["e2e_verdict"] == "faster"
+    assert fields["retimed"] == 0
     # one stall in four: 3+ draws of it (5 % of resamples) give a median of 0.2: the interval holds 1.0,
     # and the row says so instead of claiming a speedup or a loss
     pairs = [(m, report._beside(m, {})) for m in [_timed(1.0, 2.0)] * 3 + [_timed(10.0, 2.0)]]

@@ -54,7 +54,8 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
    "e2e_speedup_ci" and "decode_speedup_ci" ([lo, hi], percentile bootstrap), "e2e_speedup_total" and
    "decode_speedup_total" (ratios of summed seconds), "e2e_verdict" and "decode_verdict" ("faster",
    "slower", "no clear difference", "too few requests"; null for the baseline), "e2e_paired_s" ([[baseline
-   seconds, method seconds], ...] per timed request), "timing", "decode_tokens_per_s", "quality",
+   seconds, method seconds], ...] per timed request), "retimed" (pairs in which a stalled arm was decoded
+   again, decoding/runner.timed_pair), "timing", "decode_tokens_per_s", "quality",
    "vanilla_quality", "metric", "retention", "retention_ci": [lo, hi], "non_inferior",
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
    "exact_match_rate", "exact_match_basis", "facts_lost", "fact_error_rate" (null where the task
@@ -222,7 +223,8 @@ def speed_fields(pairs: list[tuple[dict, dict]], opts: ReportOptions = ReportOpt
     ("faster", "slower", "no clear difference" when the interval holds 1.0)."""
     nan = float("nan")
     if not pairs:
-        out = {"n_timed": 0, "tau": nan, "tokens_per_step": nan, "decode_tokens_per_s": nan, "timing": None}
+        out = {"n_timed": 0, "tau": nan, "tokens_per_step": nan, "decode_tokens_per_s": nan, "timing": None,
+               "retimed": 0}
         for figure in SPEEDUPS:
             out.update({f"{figure}_speedup": nan, f"{figure}_speedup_ci": [nan, nan], f"{figure}_speedup_total": nan,
                         f"{figure}_verdict": None})
@@ -236,6 +238,8 @@ def speed_fields(pairs: list[tuple[dict, dict]], opts: ReportOptions = ReportOpt
         "tokens_per_step": tau + 1.0,
         "decode_tokens_per_s": _ratio(_total(method, "num_new_tokens"), _total(method, "decode_s")),
         "timing": _timing_basis(pairs),
+        # pairs where one arm's prefill was stalled and that arm decoded again (decoding/runner.timed_pair)
+        "retimed": sum(bool(m.get("retimed")) for m in method),
     }
     for figure, key in SPEEDUPS.items():
         total = _ratio(_total(vanilla, key), _total(method, key))  # raises when a record lacks the field
