@@ -21,8 +21,13 @@ sample id (`pair_by_id`), so sample difficulty cancels out of the comparison.
 - Exact-output match rate: share of paired samples whose output equals vanilla's. Lossless
   methods must reach 1.0 (in fp32).
 
-Decode-speed figures (tau, tokens/step) are defined in decoding/stats.py; this module only
-judges quality.
+- Speedup (`speedup_interval`): the median of per-request ratios vanilla_seconds / method_seconds
+  with a percentile bootstrap interval (resample requests, take each resample's median; defaults
+  2,000 resamples, 95 %, seed 0), and the ratio of summed seconds beside it. A median is what one
+  stalled request cannot move, and an interval that holds 1.0 says the run cannot tell the two
+  apart (`SpeedupInterval.verdict`: "no clear difference").
+
+Decode-speed figures (tau, tokens/step) are defined in decoding/stats.py.
 """
 
 from __future__ import annotations
@@ -238,6 +243,58 @@ def exact_match_rate(method_outputs: Sequence[Sequence], vanilla_outputs: Sequen
 def _as_output(x: Sequence) -> str | list:
     """Texts compare as strings, token sequences (lists, tuples, arrays) as lists of ints."""
     return x if isinstance(x, str) else [int(t) for t in x]
+
+
+@dataclass(frozen=True)
+class SpeedupInterval:
+    """How much faster a method is than vanilla over paired requests (> 1: faster)."""
+
+    median: float  # median over requests of vanilla_s / method_s
+    lo: float  # percentile bootstrap bounds of that median (NaN with fewer than 2 requests)
+    hi: float
+    total: float  # sum(vanilla_s) / sum(method_s): the summed wall clocks
+    n: int
+    alpha: float
+    n_boot: int
+
+    @property
+    def verdict(self) -> str:
+        """"faster" / "slower" when the whole interval lies above / below 1.0, "no clear
+        difference" when it holds 1.0, "too few requests" when there is none."""
+        if not (np.isfinite(self.lo) and np.isfinite(self.hi)):
+            return "too few requests"
+        return "faster" if self.lo > 1.0 else "slower" if self.hi < 1.0 else "no clear difference"
+
+
+def speedup_interval(
+    vanilla_s: Sequence[float], method_s: Sequence[float], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
+) -> SpeedupInterval:
+    """Median of the per-request ratios vanilla_s[i] / method_s[i] with a two-sided percentile
+    bootstrap interval: n_boot resamples of the n requests (with replacement, numpy's default_rng(seed)),
+    the median of each, and their alpha/2 and 1 - alpha/2 quantiles. Requests with a time <= 0 are
+    left out (nothing was timed).
+
+    Example: vanilla [2, 8] s, method [1, 2] s -> ratios 2 and 4, median 3; a resample's median is
+    2, 3 or 4 (1/4, 1/2, 1/4 of the time), so the 95 % interval is [2, 4]; total = 10 / 3.
+    """
+    v, m = _check_pair(vanilla_s, method_s)
+    _check_alpha(alpha)
+    if n_boot < 1:
+        raise ValueError(f"n_boot={n_boot!r}; allowed: an integer >= 1")
+    timed = (v > 0) & (m > 0)
+    v, m = v[timed], m[timed]
+    nan = float("nan")
+    if len(v) == 0:
+        return SpeedupInterval(nan, nan, nan, nan, 0, alpha, n_boot)
+    ratios = v / m
+    median, total = float(np.median(ratios)), float(v.sum() / m.sum())
+    if len(ratios) < 2:
+        return SpeedupInterval(median, nan, nan, total, 1, alpha, n_boot)
+    rng = np.random.default_rng(seed)
+    medians = np.concatenate([np.median(ratios[rng.integers(0, len(ratios), (min(BOOT_CHUNK, n_boot - k), len(ratios)))],
+                                        axis=1) for k in range(0, n_boot, BOOT_CHUNK)])
+    lo, hi = np.quantile(medians, [alpha / 2, 1 - alpha / 2])
+    return SpeedupInterval(median, float(lo), float(hi), total, len(ratios), alpha, n_boot)
 
 
 def compare_quality(

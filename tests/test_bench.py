@@ -174,6 +174,7 @@ def test_paired_timing_decodes_vanilla_beside_each_request_in_alternating_order(
     s = bench.make_samples("synthvid_caption", 1)[0]
     assert vanilla.baseline is None and "vanilla_decode_s" not in vanilla.generate(s["prompt"], [s["video"]], 8).stats
     order, real = [], runner_module.loop.generate
+    monkeypatch.setattr(runner_module, "STALL_RATIO", float("inf"))  # no re-timing: the order is the point here
     monkeypatch.setattr(runner_module.loop, "generate",
                         lambda backend, drafter, *rest: order.append(drafter.name) or real(backend, drafter, *rest))
     first, second = (sd_tree.generate(s["prompt"], [s["video"]], 32).stats for _ in range(2))
@@ -181,6 +182,7 @@ def test_paired_timing_decodes_vanilla_beside_each_request_in_alternating_order(
     for rec in (first, second):  # sd_tree is lossless: vanilla beside it said the same
         assert rec["vanilla_tokens"] == rec["tokens"] and rec["vanilla_num_new_tokens"] == rec["num_new_tokens"]
         assert rec["vanilla_decode_s"] > 0 and rec["vanilla_e2e_s"] >= rec["vanilla_decode_s"]
+        assert rec["vanilla_prefill_s"] > 0 and rec["retimed"] is None
 
 
 def test_fact_errors_count_what_vanilla_had_right_and_the_method_lost():
@@ -199,3 +201,18 @@ def test_fact_errors_count_what_vanilla_had_right_and_the_method_lost():
     n_facts = 2 + 4 * len(scene.objects)  # count, background, colour/shape/size/motion of each object
     assert (lost, right) == (1 + 1, n_facts + 1)
     assert bench.fact_errors(samples, base, base) == (0, 2 * n_facts + 1)  # nothing lost against itself
+
+
+def test_bench_speedup_is_a_median_with_its_interval_and_says_when_it_holds_one():
+    def rec(e2e):
+        return {"decode_s": e2e / 2, "e2e_s": e2e, "num_new_tokens": 4, "num_steps": 2, "accepted_lengths": [1, 1],
+                "draft_s": 0.0, "drafted_draft_s": 0.0, "verify_s": 0.0, "num_draft_nodes": [1, 1], "prefill_s": 0.1,
+                "prune_s": 0.0, "draft_prefill_s": 0.0, "visual_tokens": 64, "kept_visual_tokens": 64,
+                "tokens": [1], "quality": None}
+    samples = [{"id": k, "scene": None, "answer": None} for k in range(3)]
+    base = [rec(2.0), rec(2.0), rec(2.0)]
+    row = bench.summarise("m", [rec(1.0), rec(2.0), rec(4.0)], base, samples)  # ratios 2, 1, 0.5
+    assert row["e2e_speedup"] == 1.0 and row["e2e_speedup_ci"] == [0.5, 2.0]
+    assert row["e2e_verdict"] == "no clear difference" and row["e2e_speedup_total"] == pytest.approx(6 / 7)
+    table = bench.format_table({"task": "synthvid_caption", "methods": {"m": row}})
+    assert "[0.500, 2.000] | no clear difference" in table

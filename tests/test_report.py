@@ -161,6 +161,10 @@ def test_speed_figures_match_hand_computation(summary):
     assert sd["tokens_per_step"] == pytest.approx(3.5)
     assert sd["decode_speedup"] == pytest.approx(6 * 1.0 / (6 * 0.5))
     assert sd["e2e_speedup"] == pytest.approx(6 * 1.5 / (6 * 1.0))
+    # every request has the same ratio: the interval is that point, the summed ratio the same
+    assert sd["e2e_speedup_ci"] == [pytest.approx(1.5)] * 2 and sd["e2e_speedup_total"] == pytest.approx(1.5)
+    assert sd["e2e_verdict"] == "faster" and sd["decode_verdict"] == "faster"
+    assert sd["e2e_paired_s"] == [[1.5, 1.0]] * 6
     assert sd["decode_tokens_per_s"] == pytest.approx(42 / 3.0)
     lv = row(summary, MC, "lvspec")
     assert lv["failed"] == 1 and lv["n_timed"] == 5  # the failed sample is left out of speed
@@ -168,19 +172,29 @@ def test_speed_figures_match_hand_computation(summary):
     assert lv["tau"] == pytest.approx(4.0)
     van = row(summary, MC, "vanilla")
     assert (van["tau"], van["tokens_per_step"], van["decode_speedup"]) == (0.0, 1.0, 1.0)
+    assert van["e2e_verdict"] is None and van["e2e_speedup_ci"] == [1.0, 1.0]  # the baseline against itself
 
 
-def test_speed_uses_vanilla_timed_beside_the_method_when_recorded(summary):
-    assert {row(summary, MC, m)["timing"] for m in ("vanilla", "sd_tree", "lvspec")} == {"runs"}
-    method = {"doc_id": 0, "decode_s": 0.5, "e2e_s": 1.0, "num_new_tokens": 7, "num_steps": 2,
-              "accepted_lengths": [2, 3], "vanilla_decode_s": 2.0, "vanilla_e2e_s": 2.5}
-    vanilla = {"doc_id": 0, "decode_s": 1.0, "e2e_s": 1.5, "num_new_tokens": 7, "num_steps": 7}
-    paired = report.speed_fields([(method, report._beside(method, vanilla))])
-    assert (paired["decode_speedup"], paired["e2e_speedup"], paired["timing"]) == (4.0, 2.5, "paired")
-    plain = {k: v for k, v in method.items() if not k.startswith("vanilla_")}
-    assert report.speed_fields([(plain, report._beside(plain, vanilla))])["decode_speedup"] == 2.0
-    mixed = report.speed_fields([(method, report._beside(method, vanilla)), (plain, report._beside(plain, vanilla))])
-    assert mixed["timing"] == "mixed" and mixed["decode_speedup"] == pytest.approx((2.0 + 1.0) / (0.5 + 0.5))
+def _timed(e2e: float, vanilla_e2e: float) -> dict:
+    return {"decode_s": e2e / 2, "e2e_s": e2e, "num_new_tokens": 9, "num_steps": 3, "accepted_lengths": [1, 1, 1],
+            "vanilla_decode_s": vanilla_e2e / 2, "vanilla_e2e_s": vanilla_e2e}
+
+
+def test_e2e_speedup_is_the_median_of_paired_ratios_with_its_interval():
+    # eight requests at 2x, one of them stalled (0.2x): the summed ratio says 0.94x, the median 2x; a
+    # resample's median falls below 2 only when it draws the stall 4+ times out of 8 (1.1 %), so the
+    # 95 % interval is [2, 2]
+    pairs = [(m, report._beside(m, {})) for m in [_timed(1.0, 2.0)] * 7 + [_timed(10.0, 2.0)]]
+    fields = report.speed_fields(pairs)
+    assert fields["e2e_speedup"] == 2.0 and fields["e2e_speedup_total"] == pytest.approx(16 / 17)
+    assert fields["e2e_speedup_ci"] == [2.0, 2.0] and fields["e2e_verdict"] == "faster"
+    assert fields["retimed"] == 0
+    # one stall in four: 3+ draws of it (5 % of resamples) give a median of 0.2: the interval holds 1.0,
+    # and the row says so instead of claiming a speedup or a loss
+    pairs = [(m, report._beside(m, {})) for m in [_timed(1.0, 2.0)] * 3 + [_timed(10.0, 2.0)]]
+    fields = report.speed_fields(pairs)
+    assert fields["e2e_speedup"] == 2.0 and fields["e2e_speedup_ci"] == [pytest.approx(0.2), 2.0]
+    assert fields["e2e_verdict"] == "no clear difference" and fields["decode_verdict"] == "no clear difference"
 
 
 def test_multiple_choice_quality_uses_mcnemar(summary):

@@ -163,3 +163,23 @@ def test_many_tasks_become_task_groups():
     assert headers == ["method", "short videos", "long videos", "multiple choice", "tau", "e2e overall",
                        "decode overall"]
     assert cells[1][1] == "1.00x\nret 1.000"
+
+
+def test_a_speedup_whose_interval_holds_one_is_not_claimed():
+    unclear = _row("sparrow", e2e=1.3, e2e_speedup_ci=[0.9, 1.6], e2e_verdict="no clear difference")
+    clear = _row("sd_tree", e2e=1.1, e2e_speedup_ci=[1.05, 1.2], e2e_verdict="faster")
+    (pick,) = report_overview.recommend([_row("vanilla"), unclear], "vanilla")
+    assert pick["row"]["method"] == "vanilla" and pick["reason"] == "no non-inferior method is clearly faster"
+    (pick,) = report_overview.recommend([_row("vanilla"), unclear, clear], "vanilla")
+    assert pick["row"]["method"] == "sd_tree"
+    assert report_overview.speed_lines(1.3, [0.9, 1.6]) == ["≈1 (1.30x)", "[0.900, 1.600]"]
+    assert report_overview.speed_lines(0.8, [0.7, 0.998]) == ["0.80x", "[0.700, 0.998]"]  # clearly slower
+    assert report_overview.speed_lines(1.0, [1.0, 1.0]) == ["1.00x"]  # the baseline against itself
+
+
+def test_a_task_group_pools_its_requests():
+    a = _row("sd_tree", task="a", e2e=2.0, e2e_speedup_ci=[2.0, 2.0], e2e_paired_s=[[2.0, 1.0]] * 3)
+    b = _row("sd_tree", task="b", e2e=0.5, e2e_speedup_ci=[0.5, 0.5], e2e_paired_s=[[1.0, 2.0]])
+    speed, ci = report_overview.pooled_speedup([a, b])
+    assert speed == 2.0 and ci[0] < 1.0 < ci[1]  # 3 requests at 2x, 1 at 0.5x: median 2, interval holds 1
+    assert report_overview.pooled_speedup([a]) == (2.0, [2.0, 2.0])  # one task: its own row's figures

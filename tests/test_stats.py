@@ -173,3 +173,42 @@ def test_compare_quality_picks_the_test_by_metric_type():
     assert g.test.test == "wilcoxon" and g.test.zero_method == "zsplit"
     assert [ni.margin for ni in b.non_inferiority] == [0.01, 0.02]
     assert b.retention.estimate == pytest.approx(0.5)
+
+
+def test_speedup_interval_two_requests_hand_computed():
+    # ratios 2 and 4: a resample's median is 2 (1/4), 3 (1/2) or 4 (1/4) -> 95 % interval [2, 4]
+    s = stats.speedup_interval([2.0, 8.0], [1.0, 2.0])
+    assert (s.median, s.lo, s.hi, s.n) == (3.0, 2.0, 4.0, 2)
+    assert s.total == pytest.approx(10 / 3)
+    assert s.verdict == "faster"
+
+
+def test_speedup_interval_three_requests_spanning_one_is_no_clear_difference():
+    # ratios 0.5, 1, 2: a resample's median is 0.5 with probability 7/27 (two or three draws of 0.5), so
+    # the 2.5 % quantile is 0.5; likewise the 97.5 % quantile is 2
+    s = stats.speedup_interval([1.0, 1.0, 4.0], [2.0, 1.0, 2.0])
+    assert (s.median, s.lo, s.hi) == (1.0, 0.5, 2.0)
+    assert s.total == pytest.approx(6 / 5)
+    assert s.verdict == "no clear difference"
+
+
+def test_one_stalled_request_moves_the_total_not_the_median():
+    vanilla = [1.0] * 8
+    method = [0.5] * 7 + [5.0]  # one request stalled 10x
+    s = stats.speedup_interval(vanilla, method)
+    assert s.median == 2.0 and s.lo == 2.0 and s.verdict == "faster"
+    assert s.total < 1.0  # the summed ratio says "slower"
+
+
+def test_speedup_interval_edge_cases():
+    same = stats.speedup_interval([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])
+    assert (same.median, same.lo, same.hi) == (2.0, 2.0, 2.0)
+    one = stats.speedup_interval([2.0], [1.0])
+    assert one.median == 2.0 and math.isnan(one.lo) and one.verdict == "too few requests"
+    assert stats.speedup_interval([1.0, 0.0], [1.0, 1.0]).n == 1  # an untimed request is left out
+    assert stats.speedup_interval([], []).verdict == "too few requests"
+    assert stats.speedup_interval([1.0, 3.0, 2.0], [2.0, 1.0, 1.0], seed=3) == \
+        stats.speedup_interval([1.0, 3.0, 2.0], [2.0, 1.0, 1.0], seed=3)
+    assert stats.speedup_interval([1.0, 2.0], [2.0, 4.0]).verdict == "slower"
+    with pytest.raises(ValueError, match="n_boot"):
+        stats.speedup_interval([1.0, 2.0], [1.0, 1.0], n_boot=0)

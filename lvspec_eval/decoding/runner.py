@@ -4,6 +4,8 @@ This is what the lmms-eval model classes and the benchmark call; it knows nothin
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,8 +46,9 @@ class Runner:
         """target_backend / draft_backend: already loaded backends to share (benchmarks run several
         methods on one model in one process). paired_timing: also decode every request with vanilla
         greedy on the same target, right before or after the method (alternating), and put its
-        timings in the record (vanilla_decode_s, vanilla_e2e_s, vanilla_num_new_tokens,
+        timings in the record (vanilla_decode_s, vanilla_e2e_s, vanilla_prefill_s, vanilla_num_new_tokens,
         vanilla_tokens): speedups on the same clock even when each method is its own lmms-eval run.
+        A pair is timed so that a stall cannot decide it (`timed_pair`).
         cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py)."""
         self.spec = methods.resolve(method, drafter, verifier)
         self.method = method if method != "custom" else f"custom:{self.spec.drafter}+{self.spec.verifier}"
@@ -74,24 +77,72 @@ class Runner:
 
     def generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int,
                  until: tuple[str, ...] = ()) -> Generation:
-        def decode(drafter, verifier) -> loop.Output:
-            return loop.generate(self.target, drafter, verifier, prompt, [v.request() for v in videos],
-                                 max_new_tokens, tuple(until))
+        def decode(arm) -> loop.Output:
+            with paused_gc():
+                return loop.generate(self.target, *arm, prompt, [v.request() for v in videos], max_new_tokens,
+                                     tuple(until))
 
-        baseline_first = self.baseline is not None and self._requests % 2 == 1  # alternate: drift cancels out
+        method = (self.drafter, self.verifier)
+        if self.baseline is None:
+            out, base, retimed = decode(method), None, None
+        else:
+            baseline_first = self._requests % 2 == 1  # alternate: drift cancels out
+            out, base, retimed = timed_pair(lambda: decode(method), lambda: decode(self.baseline), baseline_first)
         self._requests += 1
-        base = decode(*self.baseline) if baseline_first else None
-        out = decode(self.drafter, self.verifier)
-        if self.baseline is not None and base is None:
-            base = decode(*self.baseline)
         record = out.stats.to_dict()
         record.update(method=self.method, tokens=out.tokens, kinds=out.kinds, relevance=out.relevance,
                       replaced=out.replaced, margins=out.margins)
         if base is not None:
             record.update(vanilla_decode_s=base.stats.decode_s, vanilla_e2e_s=base.stats.e2e_s,
-                          vanilla_num_new_tokens=base.stats.num_new_tokens, vanilla_tokens=base.tokens,
-                          vanilla_margins=base.margins)
+                          vanilla_prefill_s=base.stats.prefill_s, vanilla_num_new_tokens=base.stats.num_new_tokens,
+                          vanilla_tokens=base.tokens, vanilla_margins=base.margins, retimed=retimed)
         return Generation(out.text, out.tokens, record, out.kinds, out.relevance)
+
+
+STALL_RATIO = 1.5  # one arm's target prefill this many times the other's (and STALL_S longer) is a stall
+STALL_S = 0.02
+
+
+def timed_pair(method, vanilla, vanilla_first: bool) -> tuple[loop.Output, loop.Output, str | None]:
+    """Decode a request with the method and with vanilla (callables), back to back; returns
+    (method's output, vanilla's, "method" / "vanilla": the arm timed again, or None).
+
+    Both arms run the same target prefill on the same inputs (the method's capture of hidden states
+    or attention queries costs nothing measurable: docs/RESULTS.md), so prefill times that differ by
+    more than STALL_RATIO say that one arm was stalled by something outside its own work (a pause of
+    the process or the machine; the first arm of a request met it most). That arm is then decoded
+    once more, right away, and the faster of its two runs (end to end) is kept: a stall costs one
+    more decode of one arm instead of deciding the pair. Outputs are deterministic, so the tokens
+    are the same either way."""
+    arms = {"vanilla": vanilla, "method": method} if vanilla_first else {"method": method, "vanilla": vanilla}
+    runs = {name: arm() for name, arm in arms.items()}  # in that order
+    slow = stalled_arm({name: run.stats.prefill_s for name, run in runs.items()})
+    if slow is not None:
+        runs[slow] = min(runs[slow], arms[slow](), key=lambda o: o.stats.e2e_s)
+    return runs["method"], runs["vanilla"], slow
+
+
+def stalled_arm(prefill_s: dict[str, float]) -> str | None:
+    """The arm whose target prefill took STALL_RATIO times the other's and STALL_S longer, or None."""
+    slow, fast = max(prefill_s, key=prefill_s.get), min(prefill_s, key=prefill_s.get)
+    if prefill_s[slow] > STALL_RATIO * prefill_s[fast] and prefill_s[slow] - prefill_s[fast] > STALL_S:
+        return slow
+    return None
+
+
+@contextlib.contextmanager
+def paused_gc():
+    """No automatic garbage collection while a request is timed: a full collection of an lmms-eval
+    process (half a million objects) pauses it for 0.4-0.7 s on this kind of machine, in whichever
+    arm it lands. Collection resumes right after (reference counting frees nearly everything
+    meanwhile), so the pause moves between the timed windows and the run takes no longer."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def check_pairing(target, draft, target_name: str, draft_name: str) -> None:

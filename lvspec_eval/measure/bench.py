@@ -3,8 +3,9 @@
 Speedups are ratios to vanilla measured in this run on these samples, never against a number
 from another run. For each sample the methods run back to back (in rotating order, after one
 untimed warm-up sample), so drift of a shared machine hits all of them alike. Headline speedups
-are medians over samples of the per-sample ratio of per-token decode (end-to-end) times;
-e2e_speedup_total is the ratio of the summed wall clocks from request to answer, and
+are medians over samples of the per-sample ratio of per-token decode (end-to-end) times, with a
+95 % percentile bootstrap interval (e2e_speedup_ci; e2e_verdict says "no clear difference" when it
+holds 1.0); e2e_speedup_total is the ratio of the summed wall clocks from request to answer, and
 draft_prepare_ms / draft_prepared_share say what the draft's preparation cost per sample and on how
 many samples the draft was prepared at all (draft_prepare=lazy skips it where drafting cannot pay).
 
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from judges import stats as judge_stats
 from judges.oracle import correct_facts, score_caption
 
 from . import prompts as bench_prompts
@@ -39,7 +41,7 @@ from ..backends.base import Backend
 from ..backends.loading import load_backend
 from ..decoding import loop
 from ..demo import data, models, world
-from ..decoding.runner import Generation, Runner, VideoInput
+from ..decoding.runner import Generation, Runner, VideoInput, paused_gc
 
 TASKS = {  # name -> (kind, frames)
     "synthvid_caption": ("caption", models.FRAMES),
@@ -125,6 +127,18 @@ def _tokens_per_s(recs: list[dict]) -> float:
     return sum(r["num_new_tokens"] for r in recs) / sum(r["e2e_s"] for r in recs)
 
 
+def _speedups(base_tok: list[dict], per_tok: list[dict]) -> dict:
+    """Per figure (decode, e2e): the median of per-sample ratios of per-token times, its percentile
+    bootstrap interval and verdict (judges.stats.speedup_interval: "no clear difference" when the
+    interval holds 1.0)."""
+    out = {}
+    for key, figure in (("d", "decode"), ("e", "e2e")):
+        s = judge_stats.speedup_interval([b[key] for b in base_tok], [p[key] for p in per_tok])
+        out.update({f"{figure}_speedup": s.median if s.n else 0.0, f"{figure}_speedup_ci": [s.lo, s.hi],
+                    f"{figure}_verdict": s.verdict})
+    return out
+
+
 def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dict]) -> dict:
     """One method's figures; `base` is vanilla's records on the same `samples`."""
     per_tok, base_tok = _per_token(recs, "d", "e"), _per_token(base, "d", "e")
@@ -136,8 +150,7 @@ def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dic
         "tokens_per_step": 1 + sum(sum(r["accepted_lengths"]) for r in recs) / max(1, steps),
         "decode_tokens_per_s": sum(r["num_new_tokens"] for r in recs) / sum(r["decode_s"] for r in recs),
         "e2e_tokens_per_s": _tokens_per_s(recs),
-        "decode_speedup": _median_ratio(base_tok, per_tok, "d"),
-        "e2e_speedup": _median_ratio(base_tok, per_tok, "e"),
+        **_speedups(base_tok, per_tok),
         # wall clock from request to answer, summed over the samples: what a user waits in all
         "e2e_speedup_total": sum(r["e2e_s"] for r in base) / sum(r["e2e_s"] for r in recs),
         "decode_speedup_total": (sum(b["d"] for b in base_tok) / sum(p["d"] for p in per_tok)),
@@ -201,6 +214,10 @@ class HFGenerate:
 
     @torch.no_grad()
     def generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int) -> Generation:
+        with paused_gc():  # as our methods' requests are timed (runner.paused_gc)
+            return self._generate(prompt, videos, max_new_tokens)
+
+    def _generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int) -> Generation:
         be = self.target
         clock = loop.make_clock(be.device)
         t0 = clock()
@@ -323,17 +340,21 @@ def hf_runners(args: argparse.Namespace, target: Backend, draft: Backend | None)
     return out
 
 
-VIDEO_COLUMNS = ("tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "e2e_speedup_total", "draft_prepare_ms",
+VIDEO_COLUMNS = ("tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "e2e_speedup_ci", "e2e_verdict",
+                 "e2e_speedup_total", "draft_prepare_ms",
                  "draft_prepared_share", "decode_tokens_per_s", "draft_step_ms", "draft_ms_per_draft", "verify_step_ms",
                  "quality", "retention", "facts_lost", "exact_match_rate", "kept_visual_tokens")
 # text prompts have no task metric: speed, acceptance and step costs, and exact match to vanilla
-TEXT_COLUMNS = ("tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "e2e_speedup_total", "draft_prepare_ms",
+TEXT_COLUMNS = ("tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "e2e_speedup_ci", "e2e_verdict",
+                "e2e_speedup_total", "draft_prepare_ms",
                 "draft_prepared_share", "prefill_ms", "decode_tokens_per_s", "e2e_tokens_per_s", "draft_step_ms",
                 "draft_ms_per_draft",
                 "verify_step_ms", "mean_draft_nodes", "exact_match_rate")
 
 
 def _cell(value) -> str:
+    if isinstance(value, list):  # an interval
+        return "[" + ", ".join(_cell(v) for v in value) + "]"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 

@@ -2,19 +2,24 @@
 
 Everything here reads the rows report.py builds (summary.json's "rows"), nothing else:
 - recommend(): per task, the fastest method end to end among those shown non-inferior at the
-  report's margin (the baseline always qualifies, at 1.00x), leaving out rows with failed samples
+  report's margin and clearly faster than the baseline (the interval of their end-to-end speedup
+  above 1.0; the baseline always qualifies, at 1.00x), leaving out rows with failed samples
   or divergences that are not near-ties, and, for the tasks named in `lossless_tasks`, rows that are
   not lossless token for token.
 - leaderboard(): methods as rows, task columns (or task groups when there are more than
-  MAX_TASK_COLUMNS tasks), a cell = end-to-end speedup over retention; then mean tau and the
-  overall end-to-end and decode speedups (geometric means over the tasks). A group cell shows the
-  geometric mean speedup and the LOWEST retention of its tasks.
+  MAX_TASK_COLUMNS tasks), a cell = end-to-end speedup (the median of per-request ratios), its
+  bootstrap interval, and retention; then mean tau and the overall end-to-end and decode speedups
+  (geometric means over the tasks). A group cell pools its tasks' requests (the median of all their
+  ratios, with its interval) and shows the LOWEST retention of its tasks. A speedup whose interval
+  holds 1.0 reads "≈1 (1.02x)": no clear difference, neither a gain nor a loss.
 - breakdown(): mean milliseconds per sample in each phase of a request, per task group and method.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+
+from judges import stats
 
 MAX_TASK_COLUMNS = 4  # more tasks than this: one column per task group
 LONG_VIDEO_TOKENS = 1024  # a task whose samples average at least this many visual tokens is a long-video task
@@ -118,16 +123,38 @@ def recommend(rows: list[dict], baseline: str, lossless_tasks: Iterable[str] = (
     """Per task: the recommended row and why ({"task", "row", "reason"})."""
     out = []
     for task, task_rows in _by_task(rows).items():
-        ok = [r for r in task_rows if r["method"] == baseline or (qualifies(r, lossless_tasks) and _finite(r.get("e2e_speedup")))]
+        ok = [r for r in task_rows if r["method"] == baseline or (qualifies(r, lossless_tasks) and clearly_faster(r)
+                                                                  and _finite(r.get("e2e_speedup")))]
         best = max(ok, key=lambda r: 1.0 if r["method"] == baseline else r["e2e_speedup"], default=None)
         if best is None:
             continue
         faster = best["method"] != baseline
-        reason = "fastest non-inferior" if faster else "no non-inferior method is faster"
+        reason = "fastest non-inferior" if faster else "no non-inferior method is clearly faster"
         if task in set(lossless_tasks):
             reason += " and lossless"
         out.append({"task": task, "row": best, "reason": reason})
     return out
+
+
+def clearly_faster(row: dict) -> bool:
+    """Whether the row's end-to-end speedup interval lies above 1.0 (rows written before the report
+    had intervals: their point estimate decides, as it did then)."""
+    verdict = row.get("e2e_verdict")
+    return verdict == "faster" if verdict is not None else True
+
+
+def speed_text(speed, ci) -> str:
+    """'1.46x [1.310, 1.620]', or '≈1 (1.02x) [0.910, 1.130]' when the interval holds 1.0."""
+    return " ".join(speed_lines(speed, ci))
+
+
+def speed_lines(speed, ci) -> list[str]:
+    """A speedup and its interval as one or two short lines (a leaderboard cell's)."""
+    lo, hi = ci or (None, None)
+    if not (_finite(lo) and _finite(hi)) or lo == hi == 1.0:  # no interval, or the baseline against itself
+        return [_x(speed)]
+    first = _x(speed) if lo > 1.0 or hi < 1.0 else f"≈1 ({_x(speed)})"
+    return [first, f"[{lo:.3f}, {hi:.3f}]"]  # 3 decimals: a bound of 0.998 must not read as 1.00
 
 
 def _retention(r: dict) -> str:
@@ -139,8 +166,12 @@ RECOMMEND_HEADERS = ["task", "use", "e2e speedup", "decode speedup", "retention 
 
 
 def recommend_cells(picks: list[dict]) -> list[list[str]]:
-    return [[p["task"], p["row"]["method"], _x(p["row"].get("e2e_speedup")), _x(p["row"].get("decode_speedup")),
+    return [[p["task"], p["row"]["method"], _row_speed(p["row"], "e2e"), _row_speed(p["row"], "decode"),
              _retention(p["row"]), p["reason"]] for p in picks]
+
+
+def _row_speed(row: dict, figure: str) -> str:
+    return speed_text(row.get(f"{figure}_speedup"), row.get(f"{figure}_speedup_ci"))
 
 
 def problems(rows: list[dict], baseline: str) -> list[str]:
@@ -162,16 +193,32 @@ def problems(rows: list[dict], baseline: str) -> list[str]:
 # -------------------------------------------------------------------------------- leaderboard
 
 
-def _cell(task_rows: list[dict]) -> str:
+def pooled_speedup(task_rows: list[dict], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0) -> tuple:
+    """(speedup, [lo, hi]) of some tasks' rows of one method: one row's own figures; several rows'
+    requests pooled (the median of all their paired ratios, with its interval); rows without their
+    requests' seconds (older summaries): the geometric mean of their speedups, no interval."""
+    if len(task_rows) == 1:
+        return task_rows[0].get("e2e_speedup"), task_rows[0].get("e2e_speedup_ci")
+    if not all(r.get("e2e_paired_s") for r in task_rows):
+        return geomean(r.get("e2e_speedup") for r in task_rows), None
+    pairs = [p for r in task_rows for p in r["e2e_paired_s"]]
+    s = stats.speedup_interval([v for v, _ in pairs], [m for _, m in pairs], n_boot=n_boot, alpha=alpha, seed=seed)
+    return s.median, [s.lo, s.hi]
+
+
+def _cell(task_rows: list[dict], boot: dict) -> str:
     if not task_rows:
         return "-"
-    speed = geomean(r.get("e2e_speedup") for r in task_rows)
+    speed = speed_lines(*pooled_speedup(task_rows, **boot))
     retention = min((r["retention"] for r in task_rows if _finite(r.get("retention"))), default=float("nan"))
-    return f"{_x(speed)}\nret {_f(retention)}"
+    return "\n".join([*speed, f"ret {_f(retention)}"])
 
 
-def leaderboard(rows: list[dict], baseline: str) -> tuple[list[str], list[list[str]]]:
-    """(headers, cells): methods as rows, task (group) columns, then tau and the overall speedups."""
+def leaderboard(rows: list[dict], baseline: str, n_boot: int = 2000, alpha: float = 0.05,
+                seed: int = 0) -> tuple[list[str], list[list[str]]]:
+    """(headers, cells): methods as rows, task (group) columns, then tau and the overall speedups.
+    n_boot, alpha, seed: the bootstrap of a group's pooled requests (the report's own)."""
+    boot = {"n_boot": n_boot, "alpha": alpha, "seed": seed}
     cols = columns(rows, baseline)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     headers = ["method", *cols, "tau", "e2e overall", "decode overall"]
@@ -179,7 +226,7 @@ def leaderboard(rows: list[dict], baseline: str) -> tuple[list[str], list[list[s
     for m in methods:
         mine = [r for r in rows if r["method"] == m]
         tau = [r["tau"] for r in mine if _finite(r.get("tau"))]
-        cells.append([m, *(_cell([r for r in mine if r["task"] in tasks]) for tasks in cols.values()),
+        cells.append([m, *(_cell([r for r in mine if r["task"] in tasks], boot) for tasks in cols.values()),
                       _f(sum(tau) / len(tau), ".2f") if tau else "-",
                       _x(geomean(r.get("e2e_speedup") for r in mine)), _x(geomean(r.get("decode_speedup") for r in mine))])
     return headers, cells

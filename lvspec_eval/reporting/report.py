@@ -21,8 +21,10 @@ How figures are computed (per task and method, against the baseline):
   is the task's first in its results JSON unless `--metric task=name`. A per-sample value is a
   number, a bool, or a dict with a numeric "score" (lmms-eval's video tasks log such dicts).
   Retention, its BCa interval, non-inferiority and the tests come from judges/stats.py.
-- Speed: over the samples both runs timed without error. decode/e2e speedup = sum of vanilla's
-  decode_s (e2e_s) / sum of the method's; where the method's records carry "vanilla_decode_s" and
+- Speed: over the samples both runs timed without error. decode/e2e speedup = the median over those
+  requests of vanilla's decode_s (e2e_s) / the method's, with a percentile bootstrap interval
+  (judges.stats.speedup_interval; n_boot, alpha and seed as for retention); a row whose interval
+  holds 1.0 says "no clear difference". The ratio of summed seconds is kept beside it (*_total); where the method's records carry "vanilla_decode_s" and
   "vanilla_e2e_s" (model_arg paired_timing: vanilla decoded beside each request, same process,
   same moment), those are vanilla's times ("timing": "paired", else "runs"; "mixed" when only some
   records have them); decode tokens/s = new tokens / decode seconds. tau =
@@ -48,7 +50,12 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
  "baseline": "vanilla", "alpha": 0.05, "n_boot": 2000,
  "rows": [{"task", "method", "lossless": bool (verifier exact: vanilla, sd_tree, specvlm,
    sparrow, "custom:<drafter>+exact", or any method run with verifier=exact), "n" (paired samples), "n_timed", "failed", "tau",
-   "tokens_per_step", "e2e_speedup", "decode_speedup", "timing", "decode_tokens_per_s", "quality",
+   "tokens_per_step", "e2e_speedup" and "decode_speedup" (medians of per-request ratios baseline / method),
+   "e2e_speedup_ci" and "decode_speedup_ci" ([lo, hi], percentile bootstrap), "e2e_speedup_total" and
+   "decode_speedup_total" (ratios of summed seconds), "e2e_verdict" and "decode_verdict" ("faster",
+   "slower", "no clear difference", "too few requests"; null for the baseline), "e2e_paired_s" ([[baseline
+   seconds, method seconds], ...] per timed request), "retimed" (pairs in which a stalled arm was decoded
+   again, decoding/runner.timed_pair), "timing", "decode_tokens_per_s", "quality",
    "vanilla_quality", "metric", "retention", "retention_ci": [lo, hi], "non_inferior",
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
    "exact_match_rate", "exact_match_basis", "facts_lost", "fact_error_rate" (null where the task
@@ -205,31 +212,45 @@ def _accepted(rec: dict) -> float:
     return float(rec.get("tau") or 0.0) * float(rec.get("num_steps") or 0)
 
 
-def speed_fields(pairs: list[tuple[dict, dict]]) -> dict:
-    """tau pools all steps of all timed samples (a long answer weighs more, as in the papers)."""
+SPEEDUPS = {"e2e": "e2e_s", "decode": "decode_s"}  # figure -> the per-request seconds it compares
+
+
+def speed_fields(pairs: list[tuple[dict, dict]], opts: ReportOptions = ReportOptions()) -> dict:
+    """tau pools all steps of all timed samples (a long answer weighs more, as in the papers).
+    Each speedup (SPEEDUPS) is the median of per-request ratios vanilla / method with its
+    percentile bootstrap interval (judges.stats.speedup_interval: one stalled request cannot
+    decide it), the ratio of summed seconds beside it (<figure>_speedup_total), and a verdict
+    ("faster", "slower", "no clear difference" when the interval holds 1.0)."""
     nan = float("nan")
     if not pairs:
-        return {
-            "n_timed": 0,
-            "tau": nan,
-            "tokens_per_step": nan,
-            "e2e_speedup": nan,
-            "decode_speedup": nan,
-            "decode_tokens_per_s": nan,
-            "timing": None,
-        }
+        out = {"n_timed": 0, "tau": nan, "tokens_per_step": nan, "decode_tokens_per_s": nan, "timing": None,
+               "retimed": 0}
+        for figure in SPEEDUPS:
+            out.update({f"{figure}_speedup": nan, f"{figure}_speedup_ci": [nan, nan], f"{figure}_speedup_total": nan,
+                        f"{figure}_verdict": None})
+        return out
     method = [m for m, _ in pairs]
     vanilla = [v for _, v in pairs]
     tau = _ratio(sum(map(_accepted, method)), _total(method, "num_steps"))
-    return {
+    out = {
         "n_timed": len(pairs),
         "tau": tau,
         "tokens_per_step": tau + 1.0,
-        "e2e_speedup": _ratio(_total(vanilla, "e2e_s"), _total(method, "e2e_s")),
-        "decode_speedup": _ratio(_total(vanilla, "decode_s"), _total(method, "decode_s")),
         "decode_tokens_per_s": _ratio(_total(method, "num_new_tokens"), _total(method, "decode_s")),
         "timing": _timing_basis(pairs),
+        # pairs where one arm's prefill was stalled and that arm decoded again (decoding/runner.timed_pair)
+        "retimed": sum(bool(m.get("retimed")) for m in method),
     }
+    for figure, key in SPEEDUPS.items():
+        total = _ratio(_total(vanilla, key), _total(method, key))  # raises when a record lacks the field
+        s = stats.speedup_interval([float(v[key]) for v in vanilla], [float(m[key]) for m in method],
+                                   n_boot=opts.n_boot, alpha=opts.alpha, seed=opts.seed)
+        out.update({f"{figure}_speedup": s.median, f"{figure}_speedup_ci": [s.lo, s.hi],
+                    f"{figure}_speedup_total": total,
+                    f"{figure}_verdict": s.verdict})
+    # the per-request seconds (vanilla, method), so that task groups can pool requests (report_overview)
+    out["e2e_paired_s"] = [[float(v["e2e_s"]), float(m["e2e_s"])] for m, v in pairs]
+    return out
 
 
 def exact_match(run: TaskRun, vanilla: TaskRun, ids: tuple) -> tuple[float, str]:
@@ -307,7 +328,9 @@ def method_row(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions)
         )
     row = {"task": run.task, "method": run.method, "lossless": run.lossless}
     row["failed"] = sum(1 for r in run.stats.values() if r.get("error"))
-    row.update(speed_fields(pairs))
+    row.update(speed_fields(pairs, opts))
+    if run.method == opts.baseline:  # against itself: no verdict to give
+        row.update(e2e_verdict=None, decode_verdict=None)
     row.update(quality_fields(run, vanilla, metric, opts))
     if run.lossless and run.method != opts.baseline:
         row["divergence"] = divergence.row_fields(run.stats, vanilla.stats)
@@ -374,6 +397,10 @@ def _num(x, fmt: str = ".3f", suffix: str = "") -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:{fmt}}{suffix}"
 
 
+def _speedup_cell(r: dict, figure: str) -> str:
+    return report_overview.speed_text(r[f"{figure}_speedup"], r.get(f"{figure}_speedup_ci"))
+
+
 def _retention_cell(r: dict) -> str:
     lo, hi = r["retention_ci"]
     return f"{_num(r['retention'])} [{_num(lo)}, {_num(hi)}]"
@@ -387,8 +414,10 @@ COLUMNS = (
     ("failed", lambda r: str(r["failed"])),
     ("tau", lambda r: _num(r["tau"], ".2f")),
     ("tokens/step", lambda r: _num(r["tokens_per_step"], ".2f")),
-    ("e2e speedup", lambda r: _num(r["e2e_speedup"], ".2f", "x")),
-    ("decode speedup", lambda r: _num(r["decode_speedup"], ".2f", "x")),
+    ("e2e speedup [CI]", lambda r: _speedup_cell(r, "e2e")),
+    ("e2e summed", lambda r: _num(r.get("e2e_speedup_total"), ".2f", "x")),
+    ("e2e verdict", lambda r: r.get("e2e_verdict") or "-"),
+    ("decode speedup [CI]", lambda r: _speedup_cell(r, "decode")),
     ("timing", lambda r: r.get("timing") or "-"),
     ("decode tok/s", lambda r: _num(r["decode_tokens_per_s"], ".1f")),
     ("metric", lambda r: r["metric"]),
@@ -416,8 +445,10 @@ def markdown_table(rows: list[dict]) -> str:
 def method_note(opts: ReportOptions) -> str:
     ci = f"{1 - opts.alpha:.0%}"
     return (
-        f"Baseline: {opts.baseline}. Speedups are ratios of summed times over the samples both runs timed "
-        "(decode excludes prefill, pruning and draft prefill; e2e includes them); timing: 'paired' when the "
+        f"Baseline: {opts.baseline}. Speedups are medians over the samples both runs timed of the per-request "
+        f"ratio baseline time / method time, with a {1 - opts.alpha:.0%} percentile bootstrap interval "
+        f"({opts.n_boot} resamples; 'no clear difference' when it holds 1.0), the ratio of summed times beside "
+        "them (decode excludes prefill, pruning and draft prefill; e2e includes them); timing: 'paired' when the "
         "baseline was decoded beside each request in the method's own process (model_arg paired_timing=true), "
         "'runs' when its own run's times are used. tau = accepted draft tokens "
         "per step, bonus token excluded; tokens/step = tau + 1. Retention = mean(method) / mean(baseline) on "
@@ -434,8 +465,11 @@ def method_note(opts: ReportOptions) -> str:
 
 LEADERBOARD_NOTE = (
     "A cell: end-to-end speedup over the baseline (wall clock from request to answer, preprocessing and every "
-    "prefill included) and, below it, retention (quality / the baseline's). Task-group cells: the geometric mean "
-    "speedup and the lowest retention of the group's tasks; groups: multiple choice = answers of at most "
+    "prefill included: the median over requests of the baseline's time / the method's, both timed side by side), "
+    "below it its percentile bootstrap interval, then retention (quality / the baseline's). '≈1 (1.02x)': the "
+    "interval holds 1.0, no clear difference (neither a gain nor a loss). Task-group cells: the median over the "
+    "group's requests pooled, with its interval, and the lowest retention of the group's tasks; groups: "
+    "multiple choice = answers of at most "
     f"{report_overview.SHORT_ANSWER_TOKENS} tokens, long videos = at least {report_overview.LONG_VIDEO_TOKENS} "
     "visual tokens. tau: mean accepted draft tokens per step (bonus excluded), averaged over tasks. Overall: "
     "geometric means over the method's tasks; decode overall counts the decoding loop only."
@@ -452,7 +486,7 @@ def summary_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
     picks = report_overview.recommend(rows, opts.baseline, opts.lossless_tasks)
     issues = report_overview.problems(rows, opts.baseline)
     note = (f"Per task, the fastest method end to end among those whose retention interval clears the "
-            f"{opts.margin:.0%} non-inferiority margin; the baseline ({opts.baseline}, 1.00x) always qualifies"
+            f"{opts.margin:.0%} non-inferiority margin and whose end-to-end speedup interval lies above 1.0; the baseline ({opts.baseline}, 1.00x) always qualifies"
             + (f"; lossless required on {', '.join(opts.lossless_tasks)}" if opts.lossless_tasks else "") + ".")
     table = Table(report_overview.RECOMMEND_HEADERS, report_overview.recommend_cells(picks), element_id="recommended")
     out = [Section("Summary: which method to use", tables=[table], notes=[note], element_id="summary")]
@@ -463,7 +497,7 @@ def summary_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
 
 def table_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
     """The compact leaderboard, the time breakdown, then the full tables, collapsed."""
-    headers, cells = report_overview.leaderboard(rows, opts.baseline)
+    headers, cells = report_overview.leaderboard(rows, opts.baseline, opts.n_boot, opts.alpha, opts.seed)
     main = [r for r in rows if r["task"] not in opts.length_tasks]
     lengths = [r for r in rows if r["task"] in opts.length_tasks]
     out = [Section("Leaderboard: end-to-end speedup and retention", tables=[Table(headers, cells, css="leaderboard",
