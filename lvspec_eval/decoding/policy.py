@@ -500,10 +500,11 @@ class AdaptivePolicy:
         return self.surprises[kind] >= (1 if cheaper_probe else SURPRISES)
 
     def _forget_costs(self) -> None:
-        """A neighbour came or went: measure the plain step next (its mean follows it quickly), and
-        drop the measured costs: this step's sets the fits' priors anew, as a run's first one does."""
+        """A neighbour came or went: measure the plain step next (its median restarts from the steps
+        after this), and drop the measured costs: this step's sets the fits' priors anew, as a run's
+        first one does."""
         self.surprises = {False: 0, True: 0}
-        self.since_single = REFRESH_EVERY  # the next step is a plain one, and its cost is the plain step's
+        self.since_single = REFRESH_EVERY  # the next step is a plain one
         self.num_single, self.plain_times = min(self.num_single, 1), []
         for fit in (self.verify, self.draft):
             fit.reset()
