@@ -284,8 +284,8 @@ def test_mean_judged_leaves_missing_scores_out():
 
 # ---- end to end through the lmms-eval CLI -----------------------------------------------------------
 
-ALL_TASKS = ("lvspec_videomme", "vdc", "vdd", "lvspec_moviechat_global", "lvspec_moviechat_breakpoint",
-             "lvspec_mvbench", "lvspec_mlvu", "lvspec_longvideobench")
+ALL_TASKS = ("lvspec_videomme", "vdc", "vdd", "vdd_facts", "vdc_detailed_facts", "lvspec_moviechat_global",
+             "lvspec_moviechat_breakpoint", "lvspec_mvbench", "lvspec_mlvu", "lvspec_longvideobench")
 
 
 @pytest.fixture(scope="session")
