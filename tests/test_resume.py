@@ -68,6 +68,14 @@ def test_a_rerun_serves_completed_samples_from_their_records_and_decodes_the_res
     assert records[0]["settings"] == records[2]["settings"] and records[0]["settings"]["method"] == "vanilla"
 
 
+def answered_first(tiny_model, synthvid, stats):
+    """A model writing to `stats` that has answered doc 0 (the run a rerun resumes from)."""
+    first = make_model("LVSpecChat", tiny_model, stats, max_new_tokens=4)
+    first.task_dict = {TASK: {"test": docs(synthvid)}}
+    first.generate_until([chat_request(0, GEN)])
+    return first
+
+
 @pytest.mark.parametrize("change, named", [
     ({"method": "sd_tree"}, "method='vanilla' there, 'sd_tree' now"),
     ({"tree_depth": 2}, "options.tree_depth=None there, 2 now"),
@@ -75,9 +83,7 @@ def test_a_rerun_serves_completed_samples_from_their_records_and_decodes_the_res
 ])
 def test_a_record_from_other_settings_is_never_reused(change, named, tiny_model, synthvid, tmp_path):
     stats = tmp_path / "stats.jsonl"
-    first = make_model("LVSpecChat", tiny_model, stats, max_new_tokens=4)
-    first.task_dict = {TASK: {"test": docs(synthvid)}}
-    first.generate_until([chat_request(0, GEN)])
+    first = answered_first(tiny_model, synthvid, stats)
     other = make_model("LVSpecChat", tiny_model, stats, max_new_tokens=4, **change)
     other.task_dict = first.task_dict
     with pytest.raises(ResumeMismatch, match=f"made under other settings: .*{named}"):
@@ -88,9 +94,7 @@ def test_a_record_of_another_checkpoint_is_never_reused(tiny_model, synthvid, tm
     from test_plugin import build_tiny_model
 
     stats = tmp_path / "stats.jsonl"
-    first = make_model("LVSpecChat", tiny_model, stats, max_new_tokens=4)
-    first.task_dict = {TASK: {"test": docs(synthvid)}}
-    first.generate_until([chat_request(0, GEN)])
+    first = answered_first(tiny_model, synthvid, stats)
     retrained = build_tiny_model(tmp_path / "retrained")  # same shape and config, other weights
     torch.manual_seed(1)
     from safetensors.torch import load_file, save_file
@@ -105,9 +109,7 @@ def test_a_record_of_another_checkpoint_is_never_reused(tiny_model, synthvid, tm
 
 def test_a_record_for_another_request_is_never_reused(tiny_model, synthvid, tmp_path):
     stats = tmp_path / "stats.jsonl"
-    first = make_model("LVSpecChat", tiny_model, stats, max_new_tokens=4)
-    first.task_dict = {TASK: {"test": docs(synthvid)}}
-    first.generate_until([chat_request(0, GEN)])
+    first = answered_first(tiny_model, synthvid, stats)
     again = make_model("LVSpecChat", tiny_model, stats, max_new_tokens=4)
     again.task_dict = first.task_dict
     with pytest.raises(ResumeMismatch, match="task synthvid_caption doc 0 was answered for another request"):
