@@ -114,7 +114,7 @@ def test_exact_methods_stay_lossless_with_cpu_kernels(family, make_case, monkeyp
     for seed in (0, 1, 2):
         case = make_case(seed, family.max_side)
 
-        def run(method, tgt, drf, tree):
+        def run(method, tgt, drf, tree, case=case):
             spec = methods.resolve(method)
             drafter, verifier = methods.build(spec, methods.make_options(spec, tree), drf, tgt)
             return loop.generate(tgt, drafter, verifier, case.prompt, case.videos, 12).tokens
@@ -124,3 +124,16 @@ def test_exact_methods_stay_lossless_with_cpu_kernels(family, make_case, monkeyp
         for method, tree in [("sd_tree", {"tree": "dynamic", "tree_depth": 4, "tree_topk": 3, "tree_total": 10}),
                              ("specvlm", {"tree": "chain", "tree_depth": 5})]:
             assert run(method, target, draft, tree) == want, (method, seed)
+
+
+def test_forward_cost_curve_on_the_demo_target():
+    """`bench --forward-cost`'s curve: one row per token count, the one-token step as the unit, a floor."""
+    from lvspec_eval.backends.loading import load_backend
+    from lvspec_eval.measure import forward_cost
+
+    result = forward_cost.curve(load_backend("demo"), cache_len=32, counts=(1, 2, 4), repeats=1)
+    rows = result["rows"]
+    assert [r["tokens"] for r in rows] == [1, 2, 4] and rows[0]["ratio"] == 1.0
+    assert all(r["ms"] > 0 and r["floor_ms"] > 0 for r in rows) and result["weight_mb"] > 0
+    assert "nn_linear_ms" not in rows[0]  # no kernels installed (load_backend's default): one column
+    assert "| 4 |" in forward_cost.format_curve("demo", result)

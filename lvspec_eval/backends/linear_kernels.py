@@ -133,9 +133,9 @@ def measure(weight: torch.Tensor, bias: torch.Tensor | None, with_onednn: bool) 
     curve = ShapeCurve(torch_ms={})
     for m in ROWS:
         x = xs[m]
-        curve.torch_ms[m] = _time_ms(lambda: F.linear(x, weight, bias))
+        curve.torch_ms[m] = _time_ms(lambda x=x: F.linear(x, weight, bias))
         if packed is not None and m > 1:
-            curve.onednn_ms[m] = _time_ms(lambda: packed_linear(x, packed, bias))
+            curve.onednn_ms[m] = _time_ms(lambda x=x: packed_linear(x, packed, bias))
     return curve
 
 

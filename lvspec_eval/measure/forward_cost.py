@@ -14,20 +14,17 @@ the plain step vanilla decoding runs.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
 from ..backends import linear_kernels
 from ..backends.base import Backend, DecodeState
 from ..backends.loading import load_backend
+from ..decoding.loop import make_clock  # waits for queued GPU work before reading the time
 
 TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def cached_state(backend: Backend, cache_len: int) -> DecodeState:
@@ -42,18 +39,16 @@ def cached_state(backend: Backend, cache_len: int) -> DecodeState:
 
 def time_forward(backend: Backend, state: DecodeState, m: int, repeats: int) -> float:
     """Median seconds of a forward over m new tokens (a chain; m = 1: the plain step), dropped after."""
-    device = backend.device
+    device, clock = backend.device, make_clock(backend.device)
     tokens = torch.full((m,), state.pending[0], dtype=torch.long, device=device)
     offsets = torch.arange(m, device=device)
     visible = None if m == 1 else torch.ones(m, m, dtype=torch.bool, device=device).tril()
     times = []
     for i in range(repeats + 1):
-        _sync(device)
-        t = time.perf_counter()
+        t = clock()
         backend.forward(state, tokens, offsets, visible)
-        _sync(device)
         if i:  # the first forward of a shape pays one-time costs
-            times.append(time.perf_counter() - t)
+            times.append(clock() - t)
         backend.keep(state, m if m == 1 else 0)  # a plain step is kept (linear-attention layers advance)
     return statistics.median(times)
 
@@ -74,26 +69,22 @@ def weight_bytes(backend: Backend) -> int:
 
 def bandwidth_gbs(device: torch.device, size_mb: int = 512) -> float:
     """Measured memory read bandwidth (GB/s): the best of a few sums over a large buffer."""
-    x = torch.ones(size_mb * 2 ** 20 // 4, device=device)
+    x, clock = torch.ones(size_mb * 2 ** 20 // 4, device=device), make_clock(device)
     best = float("inf")
     for _ in range(5):
-        _sync(device)
-        t = time.perf_counter()
+        t = clock()
         x.sum()
-        _sync(device)
-        best = min(best, time.perf_counter() - t)
+        best = min(best, clock() - t)
     return x.numel() * 4 / best / 1e9
 
 
 def gemm_gflops(device: torch.device, dtype: torch.dtype, n: int = 2048) -> float:
-    a = torch.randn(n, n, device=device).to(dtype)
+    a, clock = torch.randn(n, n, device=device).to(dtype), make_clock(device)
     best = float("inf")
     for _ in range(4):
-        _sync(device)
-        t = time.perf_counter()
+        t = clock()
         a @ a
-        _sync(device)
-        best = min(best, time.perf_counter() - t)
+        best = min(best, clock() - t)
     return 2 * n ** 3 / best / 1e9
 
 
