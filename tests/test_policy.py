@@ -5,8 +5,10 @@ CPU-like one whose cost grows with the tokens (narrow chains pay); and a draft t
 where it must stop drafting (and still probe now and then)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -141,6 +143,19 @@ def test_online_linear_recovers_a_line_and_forgets():
     for n in range(1, 80):  # the machine got slower: the fit follows
         fit.add([1, n % 7], 4.0 + 0.5 * (n % 7))
     assert fit.predict([1, 0]) == pytest.approx(4.0, rel=0.05)
+
+
+def test_online_linear_holds_a_negative_coefficient_at_zero_and_refits_the_rest():
+    """Costs that fit a negative intercept (2 ms at 2 tokens, 6 ms at 4) are held to a >= 0 intercept by
+    refitting the slope through the origin (1.4 ms a token: least squares with a = 0), not by clipping
+    a = -2 to 0 beside the slope of 2 fitted with it, which predicted every forward too dear."""
+    fit = OnlineLinear(2, decay=1.0, prior_weight=1e-9)
+    fit.prior = np.array([0.0, 0.0])
+    for _ in range(10):
+        fit.add([1, 2], 2.0)
+        fit.add([1, 4], 6.0)
+    assert fit.theta()[0] == 0.0
+    assert fit.predict([1, 2]) == pytest.approx(2.8, rel=1e-3) and fit.predict([1, 4]) == pytest.approx(5.6, rel=1e-3)
 
 
 def test_calibration_learns_that_confident_drafts_miss():
@@ -312,6 +327,27 @@ def test_plans_grow_step_by_step_from_what_was_measured():
     policy.observe = observe
     chosen = simulate(policy, lambda t: 1.0 + 0.0005 * t, draft_level_cost=0.02, steps=60, coverage=BROAD)
     assert max(d for d, _ in chosen) >= 5 and max(w for _, w in chosen) >= 4, chosen  # it still gets there
+
+
+def test_one_slow_first_deeper_draft_does_not_rule_depth_out():
+    """The demo's sd_tree drafted one level deep for a whole run (tau 1.6 where it reaches 7): its first
+    two-level draft carried a one-time cost (a new shape), the fit read that as the cost of a level,
+    and no later plan measured a level again. Deeper drafts pay in this world; the policy must find
+    them after such a first measurement."""
+    policy = make_policy()
+    orig, slowed = policy.observe, {"done": False}
+
+    def observe(step, view, verdict, num_pending):
+        if (step.plan or {}).get("depth", 0) >= 2 and not slowed["done"]:
+            slowed["done"] = True
+            step = dataclasses.replace(step, draft_s=step.draft_s + 3.0)  # a one-time cost: 3 target steps
+        orig(step, view, verdict, num_pending)
+
+    policy.observe = observe
+    chosen = simulate(policy, lambda t: 1.0 + 0.03 * t, draft_level_cost=0.15, steps=120, coverage=SHARP)
+    assert slowed["done"]
+    late = [d for d, _ in chosen[-40:] if d]
+    assert sum(late) / len(late) >= 4, chosen[-40:]  # deep drafts again (depth 1 is what it got stuck at)
 
 
 def test_the_nodes_verified_stay_near_what_was_measured():

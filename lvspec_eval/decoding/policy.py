@@ -30,7 +30,9 @@ well a draft follows depends on the request). The run's first step decodes witho
 `step`), its second drafts one token (to measure drafting and a small verification), and every
 after 2, 4, ... and then every REFRESH_EVERY drafting steps one plain step keeps `step` current;
 every EXPLORE_EVERY-th drafting step tries a neighbouring width, so the cost of a draft level and
-of a node can be told apart and every width's acceptance keeps being measured. After growing the tree it keeps the n nodes with the
+of a node can be told apart and every width's acceptance keeps being measured, and halfway between
+two of those one step drafts a level deeper than the best plan (within the growth guard below), so
+a deeper plan whose first measurement was slow (a new shape's one-time cost) is measured again. After growing the tree it keeps the n nodes with the
 highest calibrated path values v (the product of f(q) along the path: the chance that the path to
 the node is accepted), n maximising (1 + sum of the n best v) / (draft so far + verify(1 + n)).
 Three guards keep it from losing where its model is wrong (a shared machine, a cost curve it has
@@ -68,7 +70,7 @@ from .types import HostView, StepStats, Verdict
 
 NUM_BINS = 10  # calibration bins of the draft's probability
 REFRESH_EVERY = 50  # drafting steps between two plain steps that re-measure the one-token step
-EXPLORE_EVERY = 8  # every this many drafting steps, one tries a neighbouring tree width
+EXPLORE_EVERY = 8  # every this many drafting steps, one tries a neighbouring tree width (and one a level deeper)
 PREPARE_PROBE = 4  # requests refused a draft preparation before one prepares anyway (then 8, 16, ...)
 RECENT = 8  # preparations whose median cost estimates the next one
 CHEAP_SHARE = 0.05  # a preparation under this share of the answer's expected plain decoding is always made
@@ -110,7 +112,18 @@ class OnlineLinear:
             # the ridge is scaled to the features' size so the prior counts like a few observations
             scale = np.maximum(np.diagonal(self.xtx) / max(self.count, 1), 1.0)
             reg = self.prior_weight * np.diag(scale)
-            self._theta = np.clip(np.linalg.solve(self.xtx + reg, self.xty + reg @ self.prior), 0.0, None)
+            a, b = self.xtx + reg, self.xty + reg @ self.prior
+            theta = np.linalg.solve(a, b)
+            # Costs are not negative. Clipping a negative coefficient to 0 would keep the others
+            # fitted beside it (a negative intercept with a steep slope, clipped, predicts every
+            # larger forward too dear: a run stayed at one-level drafts for that); instead the
+            # others are fitted again with it held at 0.
+            free = theta >= 0
+            if not free.all():
+                theta = np.zeros_like(theta)
+                if free.any():
+                    theta[free] = np.clip(np.linalg.solve(a[np.ix_(free, free)], b[free]), 0.0, None)
+            self._theta = theta
         return self._theta
 
     def predict(self, x: list[float]) -> float:
@@ -326,7 +339,13 @@ class AdaptivePolicy:
         self.skipped = 0
         self.since_single += 1
         self.drafting_steps += 1
-        if self.drafting_steps % EXPLORE_EVERY == 0 and len(self.widths) > 1:
+        if self.drafting_steps % EXPLORE_EVERY == EXPLORE_EVERY // 2 and depth < self._deepest(width) \
+                and info.get("reason") != "probe":  # (a probe is the cheapest look, not a deeper one)
+            # one level deeper now and then: a level's cost is known only from plans of several levels,
+            # and one slow first measurement (a new shape's one-time cost) must not rule depth out
+            depth += 1
+            info.update(depth=depth, reason="explore depth", model_accepted=self._model_accepted(accept, depth))
+        elif self.drafting_steps % EXPLORE_EVERY == 0 and len(self.widths) > 1:
             # a neighbouring width now and then: the draft-cost fit can only tell what a level costs
             # from what a node costs when both vary, and acceptance per width needs trials
             i = self.widths.index(width)
