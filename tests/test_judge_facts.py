@@ -101,7 +101,7 @@ def test_scene_facts_are_the_oracles_facts_named_by_order_of_appearance():
     assert len(got) == 2 + 4 * len(scene.objects)  # the oracle's recall denominator
     first = scene.objects[0]
     assert got[:3] == (f"There are {world.COUNT_WORDS[len(scene.objects)]} objects.",
-                       f"The background is {scene.background}.", f"The first object is {first.colour}.")
+                       f"The background is {scene.background}.", f"The first object to appear is {first.colour}.")
     single = world.Scene(seed=0, background="black", objects=scene.objects[:1])
     assert oracle.scene_facts(single)[0] == "There is one object." and oracle.scene_facts(single)[2].startswith("The object is")
 
