@@ -267,15 +267,42 @@ def test_captions_split_into_sentences_ask_no_split_request():
         score_captions(make_client(fake), [item], "facts", caption_facts="words")
 
 
-def _power_script():
+def _script(name: str):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "judge_power.py"
-    spec = importlib.util.spec_from_file_location("judge_power", path)
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _power_script():
+    return _script("judge_power")
+
+
+def test_fact_errors_script_knows_each_questions_truth():
+    """scripts/judge_fact_errors.py: identity and paraphrase captions state every fact right; a
+    single-swap caption states exactly the swapped fact wrong, and the oracle agrees."""
+    tool = _script("judge_fact_errors")
+    rows = tool.questions(3, 10_000, "appear")
+    attrs = ("colour", "shape", "size", "motion")
+    for seed in range(10_000, 10_003):
+        scene = world.make_scene(seed)
+        facts = oracle.scene_facts(scene)
+        for kind, captions in (("identity", 1), ("paraphrase", 1), ("perturbed-1", 3)):
+            recall = [r for r in rows if r["scene_seed"] == seed and r["kind"] == kind and r["side"] == "recall"]
+            assert len(recall) == captions * len(facts)
+            assert sum(not r["truth"] for r in recall) == (0 if captions == 1 else 3)  # one per swapped caption
+            for r in recall:  # the truth is the oracle's: a fact about an object is right iff the caption says so
+                j = facts.index(r["fact"])
+                if j >= 2:
+                    fact_id = f"object{(j - 2) // 4}.{attrs[(j - 2) % 4]}"
+                    assert (fact_id in oracle.correct_facts(r["text"], scene)) == r["truth"], r
+    bare = tool.questions(1, 10_000, "bare")
+    assert any(r["fact"].startswith("The first object is") for r in bare)
+    assert not any("to appear" in r["fact"] for r in bare)
 
 
 def test_power_script_swaps_one_word_of_the_first_kind_the_caption_has():
