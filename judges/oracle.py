@@ -83,9 +83,9 @@ def scene_facts(scene: world.Scene) -> tuple[str, ...]:
              f"The background is {scene.background}."]
     for k, obj in enumerate(scene.objects):
         # "the first object to appear", not "the first object": on the tuning scenes (20000-20019)
-        # the 1.5B judge answered no to 10 of 1,082 true statements with the bare ordinal; with this
-        # wording, asked those 10 and 150 others, to 1; it said yes to 17 of the 60 wrong ones where
-        # it had said yes to 15 (docs/JUDGE.md)
+        # the 1.5B judge answered no to 10 of 1,082 true statements with the bare ordinal, to 1 with
+        # this wording, and yes to 17 of 60 false ones instead of 15 (scripts/judge_fact_errors.py,
+        # docs/JUDGE.md)
         name = "The object" if n == 1 else f"The {world.ORDINALS[k]} object to appear"
         facts += [f"{name} is {obj.colour}.", f"{name} is a {obj.shape}.", f"{name} is {obj.size}.",
                   f"{name} {_CANONICAL_MOTION[obj.motion]}."]
