@@ -75,9 +75,9 @@ _CANONICAL_MOTION = {**{m: phrases[0][0] for m, phrases in world._MOTION_PHRASES
 def scene_facts(scene: world.Scene) -> tuple[str, ...]:
     """The scene's atomic facts as sentences, for the LLM judge's `facts` mode: the number of
     objects, the background, and each object's colour, shape, size and motion, the object named by
-    its order of appearance ("The second object to appear is red."; which states the order too). These are the 2 + 4n facts the oracle
-    counts (`score_caption`'s recall denominator), so a judge that checks each one right has the
-    oracle's recall."""
+    its order of appearance ("The second object to appear is red."; which states the order too).
+    These are the 2 + 4n facts the oracle counts (`score_caption`'s recall denominator), so a judge
+    that checks each one right has the oracle's recall."""
     n = len(scene.objects)
     facts = [f"There {'is' if n == 1 else 'are'} {world.COUNT_WORDS[n]} object{'' if n == 1 else 's'}.",
              f"The background is {scene.background}."]

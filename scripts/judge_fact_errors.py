@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
               "wrong_yes": sum(not r["truth"] and r["answer"] == "yes" for r in rows),
               "missing": sum(r["answer"] is None for r in rows),
               "identity_all_yes": sum((s, "identity") not in said_no for s in identity) / len(identity),
-              "judge": stats, "wrong": [r for r in rows if r["answer"] is not None and (r["answer"] == "yes") != r["truth"]]}
+              "judge": stats,
+              "wrong": [r for r in rows if r["answer"] is not None and (r["answer"] == "yes") != r["truth"]]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(json.dumps({k: v for k, v in report.items() if k not in ("wrong", "judge")}))

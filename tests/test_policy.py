@@ -330,7 +330,7 @@ def test_plans_grow_step_by_step_from_what_was_measured():
 
 
 def test_one_slow_first_deeper_draft_does_not_rule_depth_out():
-    """The demo's sd_tree drafted one level deep for a whole run (tau 1.6 where it reaches 7): its first
+    """The demo's sd_tree drafted one level deep for a whole run (tau 1.6 where it reaches 4-7): its first
     two-level draft carried a one-time cost (a new shape), the fit read that as the cost of a level,
     and no later plan measured a level again. Deeper drafts pay in this world; the policy must find
     them after such a first measurement."""

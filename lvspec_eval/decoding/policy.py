@@ -32,11 +32,11 @@ after 2, 4, ... and then every REFRESH_EVERY drafting steps one plain step keeps
 every EXPLORE_EVERY-th drafting step tries a neighbouring width, so the cost of a draft level and
 of a node can be told apart and every width's acceptance keeps being measured, and halfway between
 two of those one step drafts a level deeper than the best plan (within the growth guard below), so
-a deeper plan whose first measurement was slow (a new shape's one-time cost) is measured again. After growing the tree it keeps the n nodes with the
-highest calibrated path values v (the product of f(q) along the path: the chance that the path to
-the node is accepted), n maximising (1 + sum of the n best v) / (draft so far + verify(1 + n)).
-Three guards keep it from losing where its model is wrong (a shared machine, a cost curve it has
-not seen). It never draws a plan whose cost it has not measured: a plan verifies at most GROWTH
+a deeper plan whose first measurement was slow (a new shape's one-time cost) is measured again.
+After growing the tree it keeps the n nodes with the highest calibrated path values v (the product
+of f(q) along the path: the chance that the path to the node is accepted), n maximising
+(1 + sum of the n best v) / (draft so far + verify(1 + n)). Three guards keep it from losing where
+its model is wrong (a shared machine, a cost curve it has not seen). It never draws a plan whose cost it has not measured: a plan verifies at most GROWTH
 times the most tokens verified so far and drafts at most one level deeper than before, so trees
 grow step by step from measured costs instead of from the fits' extrapolation. A step SURPRISE
 times slower or faster than its fit predicts, SURPRISES times in a row, means the machine changed
