@@ -72,6 +72,13 @@ _CANONICAL_MOTION = {**{m: phrases[0][0] for m, phrases in world._MOTION_PHRASES
                      "still": "does not move (it stays still)"}
 
 
+def scene_fact_ids(scene: world.Scene) -> tuple[str, ...]:
+    """The id of each of `scene_facts(scene)`, in its order, as `correct_facts` names them: so the
+    truth of a scene fact against a caption is `id in correct_facts(caption, scene)`."""
+    return ("count", "background") + tuple(f"object{k}.{attr}" for k in range(len(scene.objects))
+                                           for attr in ("colour", "shape", "size", "motion"))
+
+
 def scene_facts(scene: world.Scene) -> tuple[str, ...]:
     """The scene's atomic facts as sentences, for the LLM judge's `facts` mode: the number of
     objects, the background, and each object's colour, shape, size and motion, the object named by
@@ -88,5 +95,5 @@ def scene_facts(scene: world.Scene) -> tuple[str, ...]:
         # docs/JUDGE.md)
         name = "The object" if n == 1 else f"The {world.ORDINALS[k]} object to appear"
         facts += [f"{name} is {obj.colour}.", f"{name} is a {obj.shape}.", f"{name} is {obj.size}.",
-                  f"{name} {_CANONICAL_MOTION[obj.motion]}."]
+                  f"{name} {_CANONICAL_MOTION[obj.motion]}."]  # in scene_fact_ids' order
     return tuple(facts)

@@ -1,13 +1,13 @@
 """Which fact checks does a judge get wrong? The tuning tool behind mode facts' wording (issue 38).
 
-On demo scenes the truth of every fact-check question is known: an identical or paraphrased caption
-states every scene fact and every one of its sentences is right; a caption with one swapped fact
-(judge-check's perturbed-1) states exactly that fact wrong. For each scene's identity, paraphrase and
-three single-swap captions this asks the judge the recall questions (each scene fact against the
-caption) and, for the identity and paraphrase captions, the precision questions (each sentence
-against the reference), and counts the wrong answers: a "no" to a true statement, a "yes" to a
-false one. `--wording bare` names the objects "The first object" (the first wording), `appear`
-"The first object to appear" (judges/oracle.scene_facts).
+On demo scenes the truth of every fact-check question is known: the oracle says which scene facts
+a caption states right (an identical or paraphrased caption all of them, and every one of its
+sentences is right; a caption with one swapped fact, judge-check's perturbed-1, all but that one).
+For each scene's identity, paraphrase and three single-swap captions this asks the judge the recall
+questions (each scene fact against the caption) and, for the identity and paraphrase captions, the
+precision questions (each sentence against the reference), and counts the wrong answers: a "no" to
+a true statement, a "yes" to a false one. `--wording bare` names the objects "The first object" (the
+first wording), `appear` "The first object to appear" (judges/oracle.scene_facts).
 
     python scripts/judge_fact_errors.py --serve qwen2.5-coder-1.5b --first-seed 20000 --num-scenes 20 \\
         --wording bare --out results/judge_check/fact_errors_bare.json
@@ -24,11 +24,9 @@ import sys
 from pathlib import Path
 
 from judges import cli as judge_cli
-from judges import facts, prompts, validate
+from judges import facts, oracle, prompts, validate
 from judges.client import JudgeRequest
-
-_MOTION_FACT = 3  # a scene's facts: count, background, then per object colour, shape, size, motion
-_SLOT = {"colour": 0, "shape": 1, "motion": _MOTION_FACT}
+from lvspec_eval.demo import world
 
 
 def reword(fact: str, wording: str) -> str:
@@ -36,17 +34,15 @@ def reword(fact: str, wording: str) -> str:
 
 
 def questions(num_scenes: int, first_seed: int, wording: str) -> list[dict]:
-    """Every question with its truth: {scene_seed, kind, side, text, fact, truth}."""
+    """Every question with its truth (the oracle's): {scene_seed, kind, side, text, fact, truth}."""
     out = []
     for c in validate.make_candidates(num_scenes, first_seed):
         if c.kind not in ("identity", "paraphrase", "perturbed-1"):
             continue
-        wrong = None
-        if c.swaps:
-            kind, index = c.swaps[0].split("@")
-            wrong = 2 + 4 * int(index) + _SLOT[kind]
+        scene = world.make_scene(c.scene_seed)
+        right = oracle.correct_facts(c.caption, scene)
         out += [dict(scene_seed=c.scene_seed, kind=c.kind, side="recall", text=c.caption, fact=reword(f, wording),
-                     truth=j != wrong) for j, f in enumerate(c.reference_facts)]
+                     truth=fact_id in right) for f, fact_id in zip(c.reference_facts, oracle.scene_fact_ids(scene))]
         if not c.swaps:
             out += [dict(scene_seed=c.scene_seed, kind=c.kind, side="precision", text=c.reference, fact=f, truth=True)
                     for f in facts.sentence_facts(c.caption)]

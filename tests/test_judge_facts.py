@@ -102,6 +102,10 @@ def test_scene_facts_are_the_oracles_facts_named_by_order_of_appearance():
     first = scene.objects[0]
     assert got[:3] == (f"There are {world.COUNT_WORDS[len(scene.objects)]} objects.",
                        f"The background is {scene.background}.", f"The first object to appear is {first.colour}.")
+    ids = oracle.scene_fact_ids(scene)  # each fact's id as correct_facts names it, in the same order
+    assert len(ids) == len(got) and ids[:3] == ("count", "background", "object0.colour")
+    last = len(scene.objects) - 1
+    assert ids[-1] == f"object{last}.motion" and got[-1].startswith(f"The {world.ORDINALS[last]} object")
     single = world.Scene(seed=0, background="black", objects=scene.objects[:1])
     assert oracle.scene_facts(single)[0] == "There is one object." and oracle.scene_facts(single)[2].startswith("The object is")
 
@@ -287,7 +291,6 @@ def test_fact_errors_script_knows_each_questions_truth():
     single-swap caption states exactly the swapped fact wrong, and the oracle agrees."""
     tool = _script("judge_fact_errors")
     rows = tool.questions(3, 10_000, "appear")
-    attrs = ("colour", "shape", "size", "motion")
     for seed in range(10_000, 10_003):
         scene = world.make_scene(seed)
         facts = oracle.scene_facts(scene)
@@ -295,11 +298,9 @@ def test_fact_errors_script_knows_each_questions_truth():
             recall = [r for r in rows if r["scene_seed"] == seed and r["kind"] == kind and r["side"] == "recall"]
             assert len(recall) == captions * len(facts)
             assert sum(not r["truth"] for r in recall) == (0 if captions == 1 else 3)  # one per swapped caption
-            for r in recall:  # the truth is the oracle's: a fact about an object is right iff the caption says so
-                j = facts.index(r["fact"])
-                if j >= 2:
-                    fact_id = f"object{(j - 2) // 4}.{attrs[(j - 2) % 4]}"
-                    assert (fact_id in oracle.correct_facts(r["text"], scene)) == r["truth"], r
+            for r in recall:  # the truth is the oracle's: a fact is right iff the caption states it right
+                fact_id = oracle.scene_fact_ids(scene)[facts.index(r["fact"])]
+                assert (fact_id in oracle.correct_facts(r["text"], scene)) == r["truth"], r
     bare = tool.questions(1, 10_000, "bare")
     assert any(r["fact"].startswith("The first object is") for r in bare)
     assert not any("to appear" in r["fact"] for r in bare)
