@@ -36,10 +36,10 @@ a deeper plan whose first measurement was slow (a new shape's one-time cost) is 
 After growing the tree it keeps the n nodes with the highest calibrated path values v (the product
 of f(q) along the path: the chance that the path to the node is accepted), n maximising
 (1 + sum of the n best v) / (draft so far + verify(1 + n)). Three guards keep it from losing where
-its model is wrong (a shared machine, a cost curve it has not seen). It never draws a plan whose cost it has not measured: a plan verifies at most GROWTH
-times the most tokens verified so far and drafts at most one level deeper than before, so trees
-grow step by step from measured costs instead of from the fits' extrapolation. A step SURPRISE
-times slower or faster than its fit predicts, SURPRISES times in a row, means the machine changed
+its model is wrong (a shared machine, a cost curve it has not seen). It never draws a plan whose
+cost it has not measured: a plan verifies at most GROWTH times the most tokens verified so far and
+drafts at most one level deeper than before, so trees grow step by step from measured costs
+instead of from the fits' extrapolation. A step SURPRISE times slower or faster than its fit predicts, SURPRISES times in a row, means the machine changed
 (a neighbour came or went): the next step re-measures the plain step and the fits forget what came
 before, so plain decoding and drafting are compared in the same stretch. And the rate drafting
 actually realised over the last RECENT_STEPS drafting steps (tokens committed over their time) is
