@@ -57,7 +57,7 @@ build-demo: $(STAMP)
 
 # Real weights: vanilla and sd_tree against transformers' generate() and assisted generation on a
 # Qwen2.5-VL pair with real Qwen2.5-Coder language models (text prompts, 128 new tokens, fp32).
-# Builds the pair from ../shared/realpair if missing. Not part of `make test`.
+# Builds the pair with scripts/realpair/build.sh if missing. Not part of `make test`.
 .PHONY: bench-realpair
 bench-realpair: $(STAMP)
 	bash scripts/bench_realpair.sh

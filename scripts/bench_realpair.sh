@@ -4,7 +4,7 @@
 # vision towers are random). The table leads with end to end (e2e_speedup: median per-sample ratio;
 # e2e_speedup_total: summed wall clock, request to answer, preparation of the draft included) beside
 # decode speedup, and draft_prepare_ms / draft_prepared_share: what preparing the draft cost per
-# sample and on how many samples it was prepared. Builds the pair first if it is missing (../shared/realpair/build.sh:
+# sample and on how many samples it was prepared. Builds the pair first if it is missing (scripts/realpair/build.sh:
 # about 5 minutes, 5 GB of downloads, 16 GB of memory). Not part of `make test`.
 #
 # env: REALPAIR  the pair's folder (default $HOME/.cache/lvspec-realpair, holding target/ and draft/)
@@ -17,16 +17,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="$ROOT/.venv/bin/python"
 PAIR="${REALPAIR:-$HOME/.cache/lvspec-realpair}"
-BUILD="$ROOT/../shared/realpair/build.sh"
+BUILD="$ROOT/scripts/realpair/build.sh"
 OUT_DIR="${OUT_DIR:-.cache/bench-realpair}"
 
 if [ ! -f "$PAIR/target/config.json" ] || [ ! -f "$PAIR/draft/config.json" ]; then
-  if [ ! -f "$BUILD" ]; then
-    echo "bench-realpair: the pair is not in $PAIR and its recipe is missing: expected ../shared/realpair/build.sh" >&2
-    echo "  beside this checkout (a sibling folder 'shared' of the repository root). Put it there, or build the" >&2
-    echo "  pair elsewhere and set REALPAIR to the folder holding target/ and draft/." >&2
-    exit 2
-  fi
   echo "bench-realpair: building the pair into $PAIR (once)"
   "$PY" -m pip install -q "gguf==0.19.0" accelerate
   PYTHON="$PY" OUT="$PAIR" bash "$BUILD"

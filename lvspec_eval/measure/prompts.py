@@ -1,7 +1,7 @@
 """Text-only prompts for `lvspec-eval bench --prompts`: a built-in set, or a file of the user's.
 
 Text prompts let the bench run on a checkpoint pair whose language models are real but whose
-vision towers are not (such as the one `../shared/realpair/build.sh` builds): only the text
+vision towers are not (such as the one `scripts/realpair/build.sh` builds): only the text
 path means anything there. A text sample has no reference answer; the bench checks only that a
 method says exactly what vanilla greedy decoding says.
 """
