@@ -6,7 +6,8 @@ The package's layout is its architecture:
 - the lmms-eval face: models/ (the `lvspec` model class), tasks/ (the project's tasks), lmms_plugin.py;
 - measure/: bench, its prompts, the cost model, sweep, dry-run;
 - reporting/: report (from saved runs only), its pages, plots, policy and divergence sections, check;
-- demo/: the offline demo world (data, models, training, `lvspec-eval demo`);
+- demo/: the offline demo world (scenes, data, tokenizer, models, checkpoints, `lvspec-eval demo`);
+- training/: what makes the checkpoints (`lvspec-eval build-demo`, `lvspec-eval train-sparrow`);
 - cli.py: the `lvspec-eval` command.
 
 Modules that moved keep working under their old dotted names (MOVED): importing one imports the new
@@ -37,6 +38,9 @@ MOVED = {  # old dotted name -> new one
     "lvspec_eval.sweep": "lvspec_eval.measure.sweep",
     "lvspec_eval.dry_run": "lvspec_eval.measure.dry_run",
     "lvspec_eval.runner": "lvspec_eval.decoding.runner",
+    "lvspec_eval.decoding.drafters.sparrow_train": "lvspec_eval.training.sparrow",
+    "lvspec_eval.demo.train": "lvspec_eval.training.demo",
+    "lvspec_eval.demo.build": "lvspec_eval.training.build_demo",
 }
 
 
@@ -59,11 +63,12 @@ class _Alias(importlib.abc.Loader):
 
 class _MovedFinder(importlib.abc.MetaPathFinder):
     """First on sys.meta_path (an editable install's finder may point at another checkout that still
-    has the old file), so it answers for a MOVED name only when this package has no such file."""
+    has the old file), so it answers for a MOVED name only when its parent package has no such file
+    (`path`: the parent's __path__, given for a dotted name)."""
 
     def find_spec(self, fullname, path=None, target=None):
         new = MOVED.get(fullname)
-        if new is None or importlib.machinery.PathFinder.find_spec(fullname, __path__) is not None:
+        if new is None or importlib.machinery.PathFinder.find_spec(fullname, path or __path__) is not None:
             return None
         return importlib.util.spec_from_loader(fullname, _Alias(new))
 

@@ -11,14 +11,14 @@ import importlib
 import sys
 
 COMMAND_MODULES = (
-    "lvspec_eval.demo.build",  # build-demo
+    "lvspec_eval.training.build_demo",  # build-demo
     "lvspec_eval.demo.run",  # demo
     "lvspec_eval.measure.bench",  # bench
     "lvspec_eval.measure.sweep",  # sweep
     "lvspec_eval.reporting.report",  # report
     "lvspec_eval.reporting.check",  # check
     "lvspec_eval.measure.dry_run",  # dry-run
-    "lvspec_eval.decoding.drafters.sparrow_train",  # train-sparrow
+    "lvspec_eval.training.sparrow",  # train-sparrow
     "judges.cli",  # judge, judge-check
 )
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from lvspec_eval.demo import data, train
+from lvspec_eval.demo import data
+from lvspec_eval.training import demo as train
 
 SEED0 = data.HELDOUT_SEED + 500
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from lvspec_eval.demo import data, train
+from lvspec_eval.demo import data
+from lvspec_eval.training import demo as train
 
 SEED0 = data.HELDOUT_SEED + 3000  # apart from the scenes evaluated during training (+0..23)
 

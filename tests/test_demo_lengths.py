@@ -1,19 +1,18 @@
 """The demo target at every length of the speedup curve, and the length fine-tune that makes it so
-(lvspec_eval/demo/train.py: `finetune_lengths`, `_length_step`; `lvspec-eval build-demo`)."""
+(lvspec_eval/training/demo.py: `finetune_lengths`, `_length_step`; `lvspec-eval build-demo`)."""
 from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from lvspec_eval.demo import data, models, train, world
-
-CHECKPOINTS = Path(train.__file__).resolve().parent / "checkpoints"
+from lvspec_eval.backends.loading import DEMO_DIR as CHECKPOINTS
+from lvspec_eval.demo import data, models, world
+from lvspec_eval.training import demo as train
 
 
 def test_length_steps_follow_budget_curriculum_and_share():
@@ -227,7 +226,7 @@ def test_slot_attention_supervises_the_models_own_attention():
 def test_build_demo_runs_the_length_stages_in_order(tmp_path, monkeypatch):
     """`build-demo` on a trained 8-frame target: the first length stage, the target stored as
     shipped, then each later stage with its recipe from the last as stored; a rerun skips them all."""
-    from lvspec_eval.demo import build
+    from lvspec_eval.training import build_demo as build
 
     out = tmp_path / "out"
     for folder in ("target", "draft", "draft_restyled"):  # the drafts' stages are skipped

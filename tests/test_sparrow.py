@@ -23,7 +23,8 @@ import torch
 from lvspec_eval.backends.base import FINAL
 from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.decoding import loop, methods
-from lvspec_eval.decoding.drafters import sparrow, sparrow_train
+from lvspec_eval.decoding.drafters import sparrow
+from lvspec_eval.training import sparrow as sparrow_train
 from lvspec_eval.decoding.drafters.sparrow import SparrowDrafter, SparrowHead
 from lvspec_eval.decoding.tree import TreeConfig, chain_parents
 from lvspec_eval.decoding.types import Draft, Verdict
@@ -275,7 +276,7 @@ def test_cached_target_answers_are_keyed_by_the_target_weights(tmp_path):
     change in the same folder (a fine-tuned demo target): the cache file's name changes."""
     import os
 
-    from lvspec_eval.decoding.drafters.sparrow_train import default_data_path
+    from lvspec_eval.training.sparrow import default_data_path
 
     folder = tmp_path / "target"
     folder.mkdir()

@@ -20,7 +20,7 @@ import torch
 
 from lvspec_eval import cli
 from lvspec_eval.backends.loading import load_backend
-from lvspec_eval.decoding.drafters import sparrow_train
+from lvspec_eval.training import sparrow as sparrow_train
 from lvspec_eval.decoding.drafters.sparrow import HEAD_WEIGHTS, SparrowHead
 from lvspec_eval.models.video import load_video
 from lvspec_eval.decoding.runner import Runner

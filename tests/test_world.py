@@ -4,7 +4,7 @@ import numpy as np
 from judges.oracle import score_caption
 from lvspec_eval.demo import world
 from lvspec_eval.demo import data
-from lvspec_eval.demo.train import _long_step, _step_plan, coverage_labels, coverage_owners, text_labels
+from lvspec_eval.training.demo import _long_step, _step_plan, coverage_labels, coverage_owners, text_labels
 
 
 def test_scene_and_frames_deterministic():
@@ -140,7 +140,7 @@ def test_question_mix_favours_motion_and_order_questions():
 def test_text_labels_name_the_object_at_its_mention():
     from transformers import AutoTokenizer
 
-    from lvspec_eval.demo.build import CHECKPOINTS
+    from lvspec_eval.training.build_demo import CHECKPOINTS
 
     demo_tokenizer = AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer")
     colour_ids = {demo_tokenizer(" " + c).input_ids[0] for c in world.COLOURS}
@@ -167,7 +167,7 @@ def test_per_sample_loss_weighs_each_answer_equally():
     import torch
     import torch.nn.functional as F
 
-    from lvspec_eval.demo.train import per_sample_loss
+    from lvspec_eval.training.demo import per_sample_loss
 
     torch.manual_seed(0)
     logits = torch.randn(2, 6, 9)

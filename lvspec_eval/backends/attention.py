@@ -240,7 +240,7 @@ def collecting(text_config, collector):
     calls `collector.add(query, key, mask, scaling, layer_idx)` (queries and keys after rotary
     embedding, as the kernel got them). Models loaded by `load_backend` already run the dispatcher;
     any other model runs it (with its own kernel) for the duration. Used by SpecVLM's pruning scores
-    (`collect_text_queries`) and by the demo target's attention supervision (demo/train.py
+    (`collect_text_queries`) and by the demo target's attention supervision (training/demo.py
     `SlotAttention`)."""
     if id(text_config) in _COLLECTORS:
         raise RuntimeError("attention is already being collected on this model")

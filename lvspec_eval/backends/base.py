@@ -88,7 +88,7 @@ def run_prompt(text_model, embeds: torch.Tensor, positions: torch.Tensor, cache:
     (the end of the video), keep meanwhile the query rows from there on (attention.TextQueries),
     the kernel's output untouched. Returns (the output, the queries or None); `pruning_scores`
     turns them into SpecVLM's pruning scores. The engine's prefill and the demo draft's pruned
-    distillation (demo/train.py `pruned_keep`) select video tokens from the same scores this way.
+    distillation (training/demo.py `pruned_keep`) select video tokens from the same scores this way.
     extra: further text-model arguments for these rows (Qwen3-VL's DeepStack features)."""
     collect = (attention.collect_text_queries(text_model.config, collect_from)
                if collect_from is not None else contextlib.nullcontext())

@@ -13,7 +13,8 @@ import torch
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from judges.oracle import score_caption
-from lvspec_eval.demo import data, models, train, world
+from lvspec_eval.demo import data, models, world
+from lvspec_eval.training import demo as train
 
 SEED0 = data.HELDOUT_SEED + 3000  # scripts/eval_demo_lengths.py's documented set
 

@@ -4,7 +4,8 @@ import json, sys, time, math
 import numpy as np, torch, torch.nn.functional as F
 torch.set_num_threads(2)
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
-from lvspec_eval.demo import data, models, world, train
+from lvspec_eval.demo import data, models, world
+from lvspec_eval.training import demo as train
 STEPS = int(sys.argv[1]); LR = float(sys.argv[2]); COV = float(sys.argv[3]); OUT = sys.argv[4]
 VOCAB_W = float(sys.argv[5]) if len(sys.argv) > 5 else 1.0
 tok = AutoTokenizer.from_pretrained("lvspec_eval/demo/checkpoints/tokenizer")

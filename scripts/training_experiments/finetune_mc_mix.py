@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from lvspec_eval.demo import data, models, train, world
+from lvspec_eval.demo import data, models, world
+from lvspec_eval.training import demo as train
 
 torch.set_num_threads(2)
 ckpt, steps, lr, out = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4])

@@ -5,7 +5,8 @@ import json, sys, time
 import numpy as np, torch, torch.nn.functional as F
 torch.set_num_threads(2)
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
-from lvspec_eval.demo import data, models, world, train
+from lvspec_eval.demo import data, models, world
+from lvspec_eval.training import demo as train
 STEPS = int(sys.argv[1]); LR = float(sys.argv[2])
 tok = AutoTokenizer.from_pretrained("lvspec_eval/demo/checkpoints/tokenizer")
 model = Qwen2_5_VLForConditionalGeneration(models.target_config(tok)).float()

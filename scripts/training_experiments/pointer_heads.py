@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from lvspec_eval.demo import data, models, train, world
+from lvspec_eval.demo import data, models, world
+from lvspec_eval.training import demo as train
 
 
 def main() -> None:

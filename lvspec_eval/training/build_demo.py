@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from . import models, train
-
-CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
+from ..backends.loading import DEMO_DIR as CHECKPOINTS
+from ..demo import models
+from . import demo as demo_training
 
 
 def write_preprocessor_config(folder: Path) -> None:
@@ -51,22 +51,22 @@ def build(work: Path, out: Path, target_steps: int, question_steps: int, draft_s
     work.mkdir(parents=True, exist_ok=True)
     target_dir = out / "target"
     if not (target_dir / "config.json").exists():
-        train.train_target(work, out, steps=target_steps, question_steps=question_steps)
+        demo_training.train_target(work, out, steps=target_steps, question_steps=question_steps)
     write_preprocessor_config(target_dir)
-    if length_steps and not (target_dir / train.LENGTHS_MARKER).exists():
-        train.finetune_lengths(work, target_dir, steps=length_steps)
+    if length_steps and not (target_dir / demo_training.LENGTHS_MARKER).exists():
+        demo_training.finetune_lengths(work, target_dir, steps=length_steps)
         store_bfloat16(target_dir)  # the second stage starts from the first as it was stored
-    for recipe in train.LATER_LENGTH_STAGES if length_steps and pointer_steps else ():
-        if not (target_dir / train.length_marker(recipe["name"])).exists():
-            train.finetune_lengths(work, target_dir, steps=pointer_steps, **recipe)
+    for recipe in demo_training.LATER_LENGTH_STAGES if length_steps and pointer_steps else ():
+        if not (target_dir / demo_training.length_marker(recipe["name"])).exists():
+            demo_training.finetune_lengths(work, target_dir, steps=pointer_steps, **recipe)
             store_bfloat16(target_dir)  # each stage starts from the last as it was stored
     store_bfloat16(target_dir)  # the drafts (and Sparrow heads) learn from the target as shipped
     if not (out / "draft" / "config.json").exists():
-        train.train_draft(work, out, target_dir, steps=draft_steps, lr=draft_lr, init=draft_init,
+        demo_training.train_draft(work, out, target_dir, steps=draft_steps, lr=draft_lr, init=draft_init,
                           long_share=draft_long_share, pruned_share=draft_pruned_share)
     write_preprocessor_config(out / "draft")
     if not (out / "draft_restyled" / "config.json").exists():
-        train.restyle_draft(work, out, out / "draft", steps=restyle_steps)
+        demo_training.restyle_draft(work, out, out / "draft", steps=restyle_steps)
     write_preprocessor_config(out / "draft_restyled")
     for folder in (out / "draft", out / "draft_restyled"):
         store_bfloat16(folder)

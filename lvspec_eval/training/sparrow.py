@@ -74,11 +74,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from ...backends.base import FINAL, Backend
-from ..loop import generate
-from ..verifiers.exact import ExactVerifier
-from .model import NoDrafter
-from .sparrow import DEMO_HEAD, SparrowHead
+from ..backends.base import FINAL, Backend
+from ..decoding.drafters.model import NoDrafter
+from ..decoding.drafters.sparrow import DEMO_HEAD, SparrowHead
+from ..decoding.loop import generate
+from ..decoding.verifiers.exact import ExactVerifier
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def video_tasks(args) -> list[dict]:
 
 def demo_tasks(args) -> list[dict]:
     """The (key, scene seed, prompt) of every demo example, captions first."""
-    from ...demo import data, world
+    from ..demo import data, world
 
     tasks = []
     for k in range(args.num_captions):
@@ -165,14 +165,14 @@ def video_for(task: dict, args) -> tuple:
     rendered demo scene."""
     if "video" in task:
         return _decoded(str(Path(args.videos) / task["video"]), args.frame_plan)
-    from ...demo import models, world
+    from ..demo import models, world
 
     return world.render(world.make_scene(task["seed"]), args.frames, args.size, args.size), models.FPS
 
 
 @functools.lru_cache(maxsize=4)  # a video's prompts come one after another
 def _decoded(path: str, plan) -> tuple:
-    from ...models.video import load_video
+    from ..models.video import load_video
 
     return load_video(path, plan=plan).request()
 
@@ -185,7 +185,7 @@ def attach_frame_plan(args, backend: Backend) -> None:
 
 def unreadable(task: dict, args) -> str | None:
     """Why the task's video cannot be decoded, or None (demo scenes always render)."""
-    from ...models.video import VideoError
+    from ..models.video import VideoError
 
     if "video" not in task:
         return None
@@ -521,7 +521,7 @@ def start_step(ckpt: Path, head, opt, args) -> int:
 
 def setup(args) -> tuple[Backend, SparrowHead, int | None]:
     """Load the target (frozen) and a fresh head in fp32 on the target's device."""
-    from ...backends.loading import load_backend
+    from ..backends.loading import load_backend
 
     backend = load_backend(args.target, device=args.device, dtype=args.dtype,
                            attn_implementation=args.attn_implementation, min_pixels=args.min_pixels,
@@ -599,8 +599,8 @@ def source_defaults(args) -> dict:
     """Defaults that depend on the data source. With --videos they are `--model lvspec`'s
     (ModelArgs.fill_defaults: rule `fps` for the demo, `lmms_eval` with its own frame count for a
     real checkpoint), so the head trains on the inputs it will draft for."""
-    from ...backends.loading import DEMO_NAMES
-    from ...models.args import DEFAULT_FPS, DEFAULT_MAX_FRAMES
+    from ..backends.loading import DEMO_NAMES
+    from ..models.args import DEFAULT_FPS, DEFAULT_MAX_FRAMES
 
     if not args.videos:  # the demo world's rendered scenes (the target's own pixel limits)
         return {"video_rule": "fps", "frames": 8, "max_new_tokens": 96}
@@ -630,7 +630,7 @@ def weights_fingerprint(target: str) -> str:
     """8 hex digits naming the weight files of a local target folder as they are now (names, sizes,
     modification times), so that answers cached for a target are not reused once its weights
     change (a fine-tuned demo target in the same folder); '' for a hub id (its name is the key)."""
-    from ...backends.loading import resolve_path
+    from ..backends.loading import resolve_path
 
     folder = Path(resolve_path(target))
     if not folder.is_dir():
@@ -685,8 +685,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from ...backends.frame_rules import VIDEO_RULES
-    from ...models.args import ATTN_IMPLEMENTATIONS
+    from ..backends.frame_rules import VIDEO_RULES
+    from ..models.args import ATTN_IMPLEMENTATIONS
 
     p = sub.add_parser("train-sparrow", help="train a Sparrow draft head for a target, on the demo world or on a "
                        "folder of your videos (demo: ~10 min on 2 CPU cores)")

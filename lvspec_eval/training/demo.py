@@ -66,8 +66,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import Qwen2_5_VLForConditionalGeneration
 
-from . import data, models, world
-from .tokenizer import save_tokenizer, train_tokenizer
+from ..demo import data, models, world
+from ..demo.tokenizer import save_tokenizer, train_tokenizer
 
 AUX_CLASSES = {"colour": len(world.COLOURS) + 1, "shape": len(world.SHAPES) + 1,
                "size": len(world.SIZES) + 1, "motion": len(world.MOTIONS) + 1}
