@@ -2,7 +2,7 @@
 scene's objects (colour, shape, motion, appearance time) and its oracle score, to see what kind of
 error a length fails by (merged objects, swapped order of appearance, a wrong attribute).
 
-    python scripts/training_experiments/caption_failures.py MODEL_DIR FRAMES [SCENES] [THREADS]
+    python scripts/research/caption_failures.py MODEL_DIR FRAMES [SCENES] [THREADS]
 
 e.g. `... lvspec_eval/demo/checkpoints/target 128 12 2` (the 12 scenes of
 scripts/eval_demo_lengths.py at 1,024 visual tokens).

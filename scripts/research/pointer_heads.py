@@ -3,7 +3,7 @@ sharply, at one video length: for three-object held-out scenes, the mean attenti
 (layer, head) pays, from the caption positions of each object's sentence (`train.SlotAttention`'s
 rows), to that object's visual tokens and to the other objects' tokens.
 
-    python scripts/training_experiments/pointer_heads.py lvspec_eval/demo/checkpoints/target 512 4
+    python scripts/research/pointer_heads.py lvspec_eval/demo/checkpoints/target 512 4
 
 (model folder, frames, scenes). Teacher-forced on the reference caption, eager attention.
 """

@@ -2,7 +2,7 @@
 shipped target's MC misses? Continues the shipped run's training state (`build-demo --work W`:
 W/target.ckpt, step 3,600) for STEPS steps of 16 samples with the shipped recipe's losses, but 75%
 multiple-choice samples, of which 60% are motion or order questions.
-usage: python scripts/training_experiments/finetune_mc_mix.py CKPT STEPS LR OUT   (from the repository root)"""
+usage: python scripts/research/finetune_mc_mix.py CKPT STEPS LR OUT   (from the repository root)"""
 import math, sys, time
 from pathlib import Path
 
