@@ -33,7 +33,13 @@ from tqdm import tqdm
 from judges import prompts
 from judges.cache import JudgeCache, request_key
 from judges.config import FORMAT_MODES, KEY_VARS, JudgeConfig, api_key_from_env
+from judges.facts import score_facts
 from judges.prompts import Messages, PromptSpec, parse_reply
+from judges.types import DEFAULT_QUESTION, CaptionItem, JudgeRequest, Judgment
+
+# the judge's types (judges/types.py) stay importable from here, as before they had a module of their own
+__all__ = ["DEFAULT_QUESTION", "MODES", "CaptionItem", "ClientStats", "JudgeClient", "JudgeRequest",
+           "JudgeSetupError", "JudgeUnreachableError", "Judgment", "make_openai_client", "score_captions"]
 
 log = logging.getLogger("judges")
 
@@ -49,25 +55,6 @@ class JudgeSetupError(RuntimeError):
 
 class JudgeUnreachableError(RuntimeError):
     """The judge stopped answering (connection failures in a row): stop, do not record missing."""
-
-
-@dataclass(frozen=True)
-class JudgeRequest:
-    """One question to the judge: which prompt (for the cache key and the schema) and its messages."""
-
-    spec: PromptSpec
-    messages: Messages
-
-
-@dataclass(frozen=True)
-class Judgment:
-    """The judge's answer: `value` is the validated reply, or None (missing) with `error` saying why."""
-
-    value: dict | None
-    raw: str | None
-    error: str | None
-    asks: int  # requests made for it, re-asks included (cached ones too)
-    cached: bool  # every ask was answered from the cache
 
 
 @dataclass
@@ -339,22 +326,6 @@ def _reask(spec: PromptSpec, raw: str, reason: str) -> Messages:
 # Caption scoring: the three judge modes, each turning captions into one 0-5 score per caption.
 
 MODES = ("detail", "vcgpt", "vdc", "facts")
-DEFAULT_QUESTION = "Describe the video in detail."
-
-
-@dataclass(frozen=True)
-class CaptionItem:
-    """A caption to judge, its reference, the question that asked for it, (vdc) reference Q&A and
-    (facts) the reference's atomic facts when the task knows them (else the judge splits it)."""
-
-    key: str
-    caption: str
-    reference: str
-    question: str = DEFAULT_QUESTION
-    qa: tuple[tuple[str, str], ...] = ()
-    reference_facts: tuple[str, ...] = ()
-
-
 def score_captions(client: JudgeClient, items: list[CaptionItem], mode: str, caption_facts: str = "judge") -> list[dict]:
     """One result per item: {key, mode, score (0-5 or None), parts, errors}.
 
@@ -365,8 +336,6 @@ def score_captions(client: JudgeClient, items: list[CaptionItem], mode: str, cap
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; allowed: {', '.join(MODES)}")
     if mode == "facts":
-        from judges.facts import score_facts  # facts.py builds its requests with this module's types
-
         return score_facts(client, items, caption_facts)
     scorer = {"detail": _score_detail, "vcgpt": _score_vcgpt, "vdc": _score_vdc}[mode]
     return scorer(client, items)

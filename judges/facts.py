@@ -27,12 +27,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from judges import prompts
-
-if TYPE_CHECKING:
-    from judges.client import CaptionItem, JudgeClient, Judgment
+from judges.types import CaptionItem, Judge, JudgeRequest, Judgment
 
 TOP_SCORE = 5
 
@@ -71,7 +68,7 @@ def sentence_facts(text: str) -> tuple[str, ...]:
     return clean_facts(re.split(r"(?<=[.!?;])\s+", text))
 
 
-def score_facts(client: JudgeClient, items: list[CaptionItem], caption_facts: str = "judge") -> list[dict]:
+def score_facts(client: Judge, items: list[CaptionItem], caption_facts: str = "judge") -> list[dict]:
     """One result per item: {key, mode, score (0-5 or None), parts, errors, recall, precision, f1,
     reference_facts_from ("task" or "judge"), reference_facts and caption_facts ([{fact, supported}])}.
     `caption_facts`: how the captions are split, "judge" (an LLM request each) or "sentences"."""
@@ -91,10 +88,8 @@ def score_facts(client: JudgeClient, items: list[CaptionItem], caption_facts: st
     return [_item_result(i, reference[i.key], split[i.caption], verdicts) for i in items]
 
 
-def _split_all(client: JudgeClient, texts: list[str]) -> dict[str, tuple[tuple[str, ...], str | None]]:
+def _split_all(client: Judge, texts: list[str]) -> dict[str, tuple[tuple[str, ...], str | None]]:
     """Each distinct text's facts (empty with an error when the split is missing)."""
-    from judges.client import JudgeRequest
-
     unique = list(dict.fromkeys(texts))
     judged = client.judge_many([JudgeRequest(prompts.FACTS_SPLIT, prompts.facts_split_messages(t)) for t in unique],
                                desc="judge facts: split")
@@ -102,10 +97,8 @@ def _split_all(client: JudgeClient, texts: list[str]) -> dict[str, tuple[tuple[s
             for t, j in zip(unique, judged)}
 
 
-def _check_all(client: JudgeClient, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], Judgment]:
+def _check_all(client: Judge, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], Judgment]:
     """Each distinct (description, fact) question asked once, grouped by description."""
-    from judges.client import JudgeRequest
-
     by_text: dict[str, dict[str, None]] = {}
     for text, fact in pairs:
         by_text.setdefault(text, {})[fact] = None
