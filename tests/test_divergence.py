@@ -222,15 +222,15 @@ def test_a_broken_tree_mask_is_reported_as_a_bug_not_numerics(qwen_path, tiny_ca
     """The classification's negative control: verification that ignores the tree mask (every node
     sees every earlier node, as a kernel that takes no tree mask would) is not lossless, and its
     divergences land where the target was not close to a tie, in bf16 too."""
-    from lvspec_eval.decoding import tree
+    from lvspec_eval.backends import tree_layout
 
-    layout = tree.pending_and_tree_layout
+    layout = tree_layout.pending_and_tree_layout
 
     def causal_layout(*args, **kwargs):
         offsets, visible = layout(*args, **kwargs)
         return offsets, torch.ones_like(visible).tril()
 
-    monkeypatch.setattr(tree, "pending_and_tree_layout", causal_layout)
+    monkeypatch.setattr(tree_layout, "pending_and_tree_layout", causal_layout)
     records = decode_records(qwen_path, dtype, tiny_cases)
     sd = dv.divergence_summary(records, logit_scale=logit_scale)["methods"]["sd_tree"]
     print(f"{dtype} sd_tree with a causal mask:", {k: sd[k] for k in ("compared", "diverged", "near_tie", "elsewhere")})

@@ -28,9 +28,8 @@ from typing import Iterator
 import torch
 from transformers import DynamicCache
 
-from ..decoding import tree
-from . import attention, linear_kernels, linear_state
-from ..decoding.types import Draft, Scores, Verdict
+from . import attention, linear_kernels, linear_state, tree_layout
+from .types import Draft, Scores, Verdict
 
 FINAL = -1  # hidden-layer key for the final normalised hidden state (what the LM head reads)
 
@@ -384,7 +383,7 @@ class Backend:
         if draft.num_nodes == 0 and p == 1 and state.temp_len == 0:
             offsets, visible = torch.zeros(1, dtype=torch.long, device=self.device), None  # a plain step
         else:
-            offsets, visible = tree.pending_and_tree_layout(p, draft.parents.to(self.device), draft.depth)
+            offsets, visible = tree_layout.pending_and_tree_layout(p, draft.parents.to(self.device), draft.depth)
         tokens = torch.cat([pending, draft.tokens.to(self.device)])
         logits, hidden = self.forward(state, tokens, offsets, visible, hidden_layers)
         return Scores(logits=logits[p - 1:], hidden=hidden, num_pending=p)

@@ -1,119 +1,17 @@
 """The small values that flow through the decoding loop.
 
-Vocabulary (used everywhere in `decoding/`):
-- root: the last committed token. Its target KV entry may not exist yet: committed tokens whose
-  KV has not been computed are "pending" and are fed at the front of the next target forward.
-- draft: a tree of proposed tokens hanging off the root. A chain is a tree whose parents are
-  [-1, 0, 1, ...]. Node i's parent is `parents[i]` (-1 = the root); parents come before children.
-- verdict: what a verifier decided: the committed tokens (draft tokens accepted along one
-  root-to-leaf path, then one token chosen by the target: the "bonus"), and how many of the
-  accepted nodes keep their KV entries (a prefix of the path whose context is exactly what was
-  committed). The rest of the committed tokens become pending.
+The draft, its scores and the verdict (`Draft`, `Scores`, `HostView`, `Verdict` and the kinds of a
+committed token) are what a backend scores and commits: they are defined in backends/types.py (with
+the vocabulary: root, pending, draft, verdict) and re-exported here, so that decoding/ reads them
+from one place and backends/ needs nothing of decoding/. What only the loop and its stats use is here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import torch
+from ..backends.types import EXACT, LOOSE, PST, TARGET, Draft, HostView, Scores, Verdict
 
-# How a committed token got there (per-token records in stats):
-EXACT, LOOSE, PST, TARGET = "exact", "loose", "pst", "target"
-
-
-@dataclass(frozen=True)
-class Draft:
-    """A draft tree. Its tensors live on the drafter's device: building and scoring it needs no
-    host round trip; what the host needs of it travels once per step (see `HostView`)."""
-
-    tokens: torch.Tensor  # [num_nodes] long
-    parents: torch.Tensor  # [num_nodes] long; -1 = the root; parents[i] < i
-    scores: torch.Tensor | None = None  # [num_nodes] draft cumulative log-prob, if known
-    probs: torch.Tensor | None = None  # [num_nodes] draft probability of each token at its parent
-    depth: int | None = None  # the deepest node's depth, when the drafter knows it (saves a look)
-    plan: dict | None = None  # what a draft policy chose for this step and why (stats records)
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.tokens.numel())  # numel is metadata: no device sync
-
-    @staticmethod
-    def empty(device: torch.device | str = "cpu", plan: dict | None = None) -> "Draft":
-        z = torch.zeros(0, dtype=torch.long, device=device)
-        return Draft(tokens=z, parents=z.clone(), depth=0, plan=plan)
-
-
-@dataclass(frozen=True)
-class HostView:
-    """What the host needs of one verification step, copied from the device in one transfer:
-    the draft's tokens, parents and scores, and per logits row the target's greedy token and its
-    margin (top-1 minus top-2 logit: how close the target was to choosing otherwise)."""
-
-    tokens: list[int]  # [num_nodes]
-    parents: list[int]  # [num_nodes]
-    scores: list[float] | None  # [num_nodes] draft cumulative log-prob, or None when unknown
-    probs: list[float] | None  # [num_nodes] draft probability at the parent, or None
-    target: list[int]  # [num_nodes + 1] the target's argmax after the root (0) and after node i (i + 1)
-    margins: list[float]  # [num_nodes + 1] top-1 minus top-2 logit of the same rows
-    extra: tuple[list[float], ...] = ()  # columns a verifier asked for, in the order it gave them
-
-
-@dataclass(frozen=True)
-class Scores:
-    """The target's verification forward over [pending..., root, nodes...]."""
-
-    logits: torch.Tensor  # [num_nodes + 1, vocab]: row 0 predicts after the root, row i+1 after node i
-    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [num_pending + num_nodes, hidden]
-    num_pending: int = 1  # rows of `hidden` before the nodes; the root is row num_pending - 1
-    _memo: dict = field(default_factory=dict, repr=False, compare=False)  # host_view's one transfer
-
-    def host_view(self, draft: Draft | None, extra: tuple[torch.Tensor, ...] = ()) -> HostView:
-        """The step's host-side view (one device-to-host transfer, made once and kept).
-
-        extra: 1-D float tensors a verifier needs on the host too (per node or per row); they ride
-        along in the same transfer. A call with extra columns always transfers (and its view is
-        kept); a call without reuses the kept view. In the loop the verifier asks first.
-        """
-        if "view" not in self._memo or extra:
-            if draft is None:
-                raise ValueError("host_view(None) before the step's view was made: pass the draft")
-            self._memo["view"] = _transfer(draft, self.logits, extra)
-        return self._memo["view"]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    tokens: list[int]  # committed this step, in order; the last one is the target's (bonus)
-    path: list[int]  # draft node indices whose tokens are committed (in commit order)
-    num_cached: int  # the first num_cached nodes of `path` keep their target KV entries
-    kinds: list[str]  # per committed token: EXACT, LOOSE, PST or TARGET
-    relevance: list[float | None] | None = None  # per committed token, when the verifier computes it
-
-    @property
-    def num_accepted(self) -> int:
-        """Draft tokens accepted this step (the bonus is not counted, as in the papers)."""
-        return len(self.tokens) - 1
-
-
-def _transfer(draft: Draft, logits: torch.Tensor, extra: tuple[torch.Tensor, ...] = ()) -> HostView:
-    """Pack everything the host needs into one float64 tensor and copy it once (token ids are
-    exact in float64)."""
-    n, device = draft.num_nodes, logits.device
-    top2 = logits.float().topk(min(2, logits.shape[-1]), dim=-1).values  # [n + 1, 2]
-    margins = top2[:, 0] - top2[:, -1]
-    zeros = torch.zeros(n, dtype=torch.float64, device=device)
-    parts = [draft.tokens.to(device), draft.parents.to(device),
-             zeros if draft.scores is None else draft.scores.to(device),
-             zeros if draft.probs is None else draft.probs.to(device),
-             logits.argmax(-1), margins, *(e.to(device) for e in extra)]
-    flat = torch.cat([p.to(torch.float64).flatten() for p in parts]).tolist()
-    cut = [0]
-    for p in parts:
-        cut.append(cut[-1] + p.numel())
-    cols = [flat[a:b] for a, b in zip(cut[:-1], cut[1:])]
-    tokens, parents, scores, probs, target, margin = cols[:6]
-    return HostView(tokens=[int(t) for t in tokens], parents=[int(p) for p in parents],
-                    scores=None if draft.scores is None else scores, probs=None if draft.probs is None else probs,
-                    target=[int(t) for t in target], margins=margin, extra=tuple(cols[6:]))
+__all__ = ["EXACT", "LOOSE", "PST", "TARGET", "Draft", "HostView", "Preparation", "Scores", "StepStats", "Verdict"]
 
 
 @dataclass
