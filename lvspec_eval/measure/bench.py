@@ -421,7 +421,7 @@ def register(sub) -> None:
                         "step and the hardware's floor (forward_cost.py), instead of timing methods")
     p.add_argument("--cache-len", type=int, default=1024, help="with --forward-cost: the cache length to forward over")
     p.add_argument("--repeats", type=int, default=5, help="with --forward-cost: forwards timed per token count")
-    p.add_argument("--cost-model", action="store_true", help="real-size random-weight cost model (see cost_model.py)")
+    p.add_argument("--cost-model", action="store_true", help="real-size random-weight cost model (see measure/cost_model/)")
     try:
         from . import cost_model
 
