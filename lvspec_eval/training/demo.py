@@ -68,6 +68,7 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 
 from ..demo import data, models, world
 from ..demo.tokenizer import save_tokenizer, train_tokenizer
+from .common import log_jsonl, save_atomic
 
 AUX_CLASSES = {"colour": len(world.COLOURS) + 1, "shape": len(world.SHAPES) + 1,
                "size": len(world.SIZES) + 1, "motion": len(world.MOTIONS) + 1}
@@ -214,11 +215,6 @@ def _optimise(opt, loss: torch.Tensor, params: list) -> None:
     opt.step()
 
 
-def _log(path: Path, record: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
 def _greedy_answer(model, tokenizer, pixels, prompt: str, max_new_tokens: int = 64) -> str:
     """The model's greedy answer to `prompt` about a preprocessed video."""
     vid = model.config.video_token_id
@@ -299,9 +295,7 @@ def _resume(path: Path, modules: dict, opt) -> int:
 
 
 def _checkpoint(path: Path, modules: dict, opt, step: int) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({**{k: m.state_dict() for k, m in modules.items()}, "opt": opt.state_dict(), "step": step}, tmp)
-    tmp.replace(path)
+    save_atomic({**{k: m.state_dict() for k, m in modules.items()}, "opt": opt.state_dict(), "step": step}, path)
 
 
 def load_or_train_tokenizer(out: Path):
@@ -431,11 +425,11 @@ def train_target(work: Path, out: Path, steps: int, question_steps: int = 400, b
         if step % 25 == 0:
             rate = seen / (time.time() - t0)
             bar.set_postfix(lm=f"{losses['lm'].item():.3f}", probe=f"{losses['probe'].item():.3f}", sps=f"{rate:.1f}")
-            _log(log, {"step": step, "frames": frames, **{f"{k}_loss": v.item() for k, v in losses.items()},
+            log_jsonl(log, {"step": step, "frames": frames, **{f"{k}_loss": v.item() for k, v in losses.items()},
                        "samples_per_s": rate, "time": time.time()})
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             _checkpoint(ckpt, modules, opt, step + 1)
-            _log(log, {"step": step + 1, "eval": evaluate(model, tok), "time": time.time()})
+            log_jsonl(log, {"step": step + 1, "eval": evaluate(model, tok), "time": time.time()})
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out / "target", safe_serialization=True)
@@ -723,13 +717,13 @@ def finetune_lengths(work: Path, target_dir: Path, steps: int, batch_size: int =
                  + order_probe_weight * losses.get("order_probe", 0.0))
         _optimise(opt, total, params + probe_params)
         bar.set_postfix(lm=f"{losses['lm'].item():.3f}", frames=frames)
-        _log(log, {"step": step, "frames": frames, "samples": n, **{f"{k}_loss": v.item() for k, v in losses.items()},
+        log_jsonl(log, {"step": step, "frames": frames, "samples": n, **{f"{k}_loss": v.item() for k, v in losses.items()},
                    "lr": opt.param_groups[0]["lr"],
                    "elapsed_s": round(time.time() - t0, 1), "threads": torch.get_num_threads(), "time": time.time()})
         if (step + 1) % ckpt_every == 0 or step + 1 == steps:
             _checkpoint(ckpt, heads, opt, step + 1)
         if (step + 1) % eval_every == 0 or step + 1 == steps:
-            _log(log, {"step": step + 1, "eval": evaluate_lengths(model, tok, length_eval or LENGTH_EVAL), "time": time.time()})
+            log_jsonl(log, {"step": step + 1, "eval": evaluate_lengths(model, tok, length_eval or LENGTH_EVAL), "time": time.time()})
     model.eval()
     model.save_pretrained(target_dir, safe_serialization=True)
     record = {"steps": steps, "batch_size": batch_size, "token_budget": token_budget, "trained_share": trained_share,
@@ -849,13 +843,13 @@ def train_draft(work: Path, out: Path, target_dir: Path, steps: int, batch_size:
         if step % 25 == 0:
             agree = (d_lp.argmax(-1) == t_lp.argmax(-1)).float().mean().item()
             bar.set_postfix(kl=f"{loss.item():.3f}", agree=f"{agree:.3f}", frames=frames)
-            _log(log, {"step": step, "frames": frames, "samples": n, "pruned": pruned, "kl": loss.item(), "top1_agreement": agree,
+            log_jsonl(log, {"step": step, "frames": frames, "samples": n, "pruned": pruned, "kl": loss.item(), "top1_agreement": agree,
                        "elapsed_s": round(time.time() - t0, 1), "threads": torch.get_num_threads(),
                        "time": time.time()})
         if (step + 1) % 100 == 0 or step + 1 == steps:
             _checkpoint(ckpt, {"model": draft}, opt, step + 1)
         if (step + 1) % eval_every == 0 or step + 1 == steps:
-            _log(log, {"step": step + 1, "eval": evaluate(draft, tok, num_scenes=12), "time": time.time()})
+            log_jsonl(log, {"step": step + 1, "eval": evaluate(draft, tok, num_scenes=12), "time": time.time()})
     draft.save_pretrained(out / "draft", safe_serialization=True)
     tok.save_pretrained(out / "draft")
     return out / "draft"
@@ -893,10 +887,10 @@ def restyle_draft(work: Path, out: Path, draft_dir: Path, steps: int, batch_size
         if step % 25 == 0:
             rate = (step + 1 - start) * batch_size / (time.time() - t0)
             bar.set_postfix(lm=f"{loss.item():.3f}", sps=f"{rate:.1f}")
-            _log(log, {"step": step, "lm_loss": loss.item(), "samples_per_s": rate, "time": time.time()})
+            log_jsonl(log, {"step": step, "lm_loss": loss.item(), "samples_per_s": rate, "time": time.time()})
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             _checkpoint(ckpt, {"model": draft}, opt, step + 1)
-            _log(log, {"step": step + 1, "eval": evaluate(draft, tok, num_scenes=12), "time": time.time()})
+            log_jsonl(log, {"step": step + 1, "eval": evaluate(draft, tok, num_scenes=12), "time": time.time()})
     draft.eval()
     draft.save_pretrained(out / "draft_restyled", safe_serialization=True)
     tok.save_pretrained(out / "draft_restyled")

@@ -79,6 +79,7 @@ from ..decoding.drafters.model import NoDrafter
 from ..decoding.drafters.sparrow import DEMO_HEAD, SparrowHead
 from ..decoding.loop import generate
 from ..decoding.verifiers.exact import ExactVerifier
+from .common import log_jsonl, save_atomic
 
 log = logging.getLogger(__name__)
 
@@ -484,11 +485,6 @@ def train_step(head, backend, store: FeatureStore, opt, step: int, args) -> dict
 
 # ---- the command ----------------------------------------------------------------------------------
 
-def _log(path: Path, record: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
 def _resume(path: Path, head, opt, args) -> int:
     """Load the state saved in --work; ValueError if it was made with other settings."""
     state = torch.load(path, weights_only=False, map_location="cpu")
@@ -504,10 +500,8 @@ def _resume(path: Path, head, opt, args) -> int:
 
 
 def _save_state(path: Path, head, opt, step: int, args) -> None:
-    tmp = path.with_suffix(".tmp")
     settings = {k: getattr(args, k) for k in RESUME_KEYS}
-    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "settings": settings}, tmp)
-    tmp.replace(path)
+    save_atomic({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "settings": settings}, path)
 
 
 def start_step(ckpt: Path, head, opt, args) -> int:
@@ -559,12 +553,12 @@ def train(args) -> Path:
     ckpt, log_path = work / "sparrow.ckpt", work / "train_sparrow.log"
     start = start_step(ckpt, head, opt, args)
     settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}
-    _log(log_path, {"event": "start", "step": start, "args": settings, "examples": len(records), "time": time.time()})
+    log_jsonl(log_path, {"event": "start", "step": start, "args": settings, "examples": len(records), "time": time.time()})
     done = run_steps(head, backend, store, opt, start, args, ckpt, log_path, t_start)
     head.eval()
     head.meta["steps_done"] = done
     head.save(out)
-    _log(log_path, {"event": "saved", "out": str(out), "step": done, "elapsed_s": time.time() - t_start})
+    log_jsonl(log_path, {"event": "saved", "out": str(out), "step": done, "elapsed_s": time.time() - t_start})
     return out
 
 
@@ -580,16 +574,16 @@ def run_steps(head, backend, store, opt, start: int, args, ckpt: Path, log_path:
             done = step + 1
             if step % args.log_every == 0 or done == args.steps:
                 bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics.get('acc0', 0):.3f}")
-                _log(log_path, {"step": step, **metrics, "lr": lr_at(step, args), "elapsed_s": time.time() - t_start})
+                log_jsonl(log_path, {"step": step, **metrics, "lr": lr_at(step, args), "elapsed_s": time.time() - t_start})
             out_of_time = args.max_minutes and time.time() - t_start > 60 * args.max_minutes
             if done % args.ckpt_every == 0 or done == args.steps or out_of_time:
                 _save_state(ckpt, head, opt, done, args)
             if out_of_time:
-                _log(log_path, {"event": "time limit", "step": done, "elapsed_s": time.time() - t_start})
+                log_jsonl(log_path, {"event": "time limit", "step": done, "elapsed_s": time.time() - t_start})
                 break
     except KeyboardInterrupt:
         _save_state(ckpt, head, opt, done, args)
-        _log(log_path, {"event": "interrupted", "step": done, "elapsed_s": time.time() - t_start})
+        log_jsonl(log_path, {"event": "interrupted", "step": done, "elapsed_s": time.time() - t_start})
         print(f"\ninterrupted: state saved at step {done} in {ckpt.parent}; run the same command again to resume")
         raise
     return done
