@@ -4,9 +4,9 @@ The package's layout is its architecture:
 - the engine: decoding/ (one loop, drafters, verifiers, the adaptive policy; runner.py loads a
   target and draft and generates one request at a time) and backends/ (what differs per model family);
 - the lmms-eval face: models/ (the `lvspec` model class), tasks/ (the project's tasks), lmms_plugin.py;
-- measure/: bench, its prompts, the cost model, sweep, dry-run;
+- measure/: bench, its prompts, the cost model, sweep, dry-run, `lvspec-eval demo` (demo_run.py);
 - reporting/: report (from saved runs only), its pages, plots, policy and divergence sections, check;
-- demo/: the offline demo world (scenes, data, tokenizer, models, checkpoints, `lvspec-eval demo`);
+- demo/: the offline demo world (scenes, data, tokenizer, models, checkpoints);
 - training/: what makes the checkpoints (`lvspec-eval build-demo`, `lvspec-eval train-sparrow`);
 - cli.py: the `lvspec-eval` command.
 
@@ -41,6 +41,7 @@ MOVED = {  # old dotted name -> new one
     "lvspec_eval.decoding.drafters.sparrow_train": "lvspec_eval.training.sparrow",
     "lvspec_eval.demo.train": "lvspec_eval.training.demo",
     "lvspec_eval.demo.build": "lvspec_eval.training.build_demo",
+    "lvspec_eval.demo.run": "lvspec_eval.measure.demo_run",
 }
 
 

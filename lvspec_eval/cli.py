@@ -12,7 +12,7 @@ import sys
 
 COMMAND_MODULES = (
     "lvspec_eval.training.build_demo",  # build-demo
-    "lvspec_eval.demo.run",  # demo
+    "lvspec_eval.measure.demo_run",  # demo
     "lvspec_eval.measure.bench",  # bench
     "lvspec_eval.measure.sweep",  # sweep
     "lvspec_eval.reporting.report",  # report

@@ -21,7 +21,7 @@ import torch
 
 from lvspec_eval.backends import base
 from lvspec_eval.decoding import loop
-from lvspec_eval.demo import run as demo_run
+from lvspec_eval.measure import demo_run
 
 PHASE = ["elsewhere"]
 

@@ -9,7 +9,7 @@ import pytest
 
 from lvspec_eval.reporting import overview as report_overview
 from lvspec_eval.reporting import report
-from lvspec_eval.demo import run as demo_run
+from lvspec_eval.measure import demo_run
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_RUNS = ROOT / "results" / "demo" / "runs"
