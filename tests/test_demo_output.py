@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lvspec_eval.demo import run
+from lvspec_eval.measure import demo_run as run
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -95,7 +95,7 @@ def test_every_task_has_a_yaml_and_a_stub_naming_it():
 
 
 def test_demo_length_stage_covers_the_lengths_and_the_model_sees_every_frame():
-    from lvspec_eval.demo import run
+    from lvspec_eval.measure import demo_run as run
     from lvspec_eval.models.args import DEMO_MAX_FRAMES, ModelArgs
 
     frames = [tasks_data.TASKS[t].num_frames for t in run.LENGTH_TASKS]
