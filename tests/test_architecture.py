@@ -4,7 +4,8 @@ Every import statement of every module counts, wherever it stands (module level,
 under `if TYPE_CHECKING:`), and so does `importlib.import_module("...")` with a literal name:
 - decoding/ imports only itself and backends/; backends/ imports only itself;
 - training/ is imported by nothing in the package (the command line reaches it by name);
-- no import cycle between the modules of `lvspec_eval` and `judges`, nor between their rooms.
+- no import cycle between the modules of `lvspec_eval` and `judges`, nor between their rooms;
+- docs/ARCHITECTURE.md's arrows between rooms are the code's.
 The checker is tested on a hand-made package that breaks each rule.
 """
 from __future__ import annotations
@@ -165,6 +166,26 @@ def test_no_import_cycles(graph):
 def test_no_cycles_between_rooms(graph):
     """The rooms form layers: no room imports, even through others, a room that imports it."""
     assert cycles(room_graph(graph)) == []
+
+
+def documented_arrows(path: Path) -> dict[str, set[str]]:
+    """The `room -> rooms` block of docs/ARCHITECTURE.md (the fenced block after "checks them")."""
+    text = path.read_text(encoding="utf-8")
+    block = text[text.index("checks them"):].split("```")[1]
+    arrows = {}
+    for line in filter(None, (x.strip() for x in block.splitlines())):
+        name, _, targets = line.partition("->")
+        arrows[name.strip()] = {t.strip() for t in targets.split(",") if t.strip()}
+    return arrows
+
+
+def test_the_documented_drawing_is_the_code(graph):
+    """docs/ARCHITECTURE.md's arrows are the code's: an import that adds or removes an arrow between
+    rooms must be written there (and so be seen in review)."""
+    code = {r: t for r, t in room_graph(graph).items() if t}
+    documented = documented_arrows(ROOT / "docs" / "ARCHITECTURE.md")
+    assert {r: t for r, t in documented.items() if t} == code, "update docs/ARCHITECTURE.md's arrows block"
+    assert all(r in room_graph(graph) for r in documented), "a room in docs/ARCHITECTURE.md that has no module"
 
 
 def test_the_judge_types_import_without_openai():
