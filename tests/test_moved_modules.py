@@ -38,3 +38,14 @@ def test_from_import_of_an_old_name_works():
 def test_unknown_names_are_still_errors():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("lvspec_eval.no_such_module")
+
+
+def test_a_moved_name_in_a_subpackage_is_looked_up_in_that_subpackage(monkeypatch):
+    """`lvspec_eval.demo.cli` (made up) is no file of demo/, so its alias answers, although the top
+    package has a cli.py: the finder looks for the old file where the old name put it."""
+    monkeypatch.setitem(lvspec_eval.MOVED, "lvspec_eval.demo.cli", "lvspec_eval.reporting.check")
+    monkeypatch.delitem(sys.modules, "lvspec_eval.demo.cli", raising=False)
+    with pytest.warns(DeprecationWarning, match="lvspec_eval.demo.cli moved to lvspec_eval.reporting.check"):
+        module = importlib.import_module("lvspec_eval.demo.cli")
+    assert module is importlib.import_module("lvspec_eval.reporting.check")
+    sys.modules.pop("lvspec_eval.demo.cli", None)
