@@ -56,7 +56,10 @@ measurements and `run_cost_model`), outputs.py (JSON, table, plot), cli.py (the 
 """
 from __future__ import annotations
 
+from .architectures import ARCHITECTURES, PAIRS, Scale
 from .cli import add_arguments, main, run
+from .config import CostConfig
 from .measure import run_cost_model
 
-__all__ = ["add_arguments", "main", "run", "run_cost_model"]
+# the face for callers: settings, a run, the command line
+__all__ = ["ARCHITECTURES", "PAIRS", "CostConfig", "Scale", "add_arguments", "main", "run", "run_cost_model"]
