@@ -307,3 +307,13 @@ def test_tiny_qwen3_5_pairs_are_timed_through_the_hybrid_cache():
     assert {r["pair"] for r in rows} == {"qwen3.5-27b/2b", "qwen3.5-35b-a3b/2b"}
     assert {r["drafter"] for r in rows} == set(config.DRAFTERS)
     assert all(r["verify_ms"] > 0 and r["draft_tree_ms"] > 0 and r["target_step_ms"] > 0 for r in rows)
+
+
+def test_the_package_face_is_its_parts():
+    """`from lvspec_eval.measure import cost_model` gives the settings, a run and the command line."""
+    from lvspec_eval.measure import cost_model as cm
+
+    assert (cm.CostConfig, cm.Scale, cm.ARCHITECTURES, cm.PAIRS) == (config.CostConfig, Scale, ARCHITECTURES,
+                                                                     architectures.PAIRS)
+    assert (cm.run_cost_model, cm.run, cm.main, cm.add_arguments) == (measure.run_cost_model, cost_cli.run,
+                                                                       cost_cli.main, cost_cli.add_arguments)
