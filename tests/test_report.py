@@ -12,6 +12,7 @@ from scipy import stats as sps
 
 from lvspec_eval.reporting import plots as report_plots
 from lvspec_eval.reporting import report
+from lvspec_eval.reporting import speed as report_speed
 
 DATE = "20250101_120000"
 MC = "demo_mc"  # 0/1 accuracy: McNemar
@@ -184,15 +185,15 @@ def test_e2e_speedup_is_the_median_of_paired_ratios_with_its_interval():
     # eight requests at 2x, one of them stalled (0.2x): the summed ratio says 0.94x, the median 2x; a
     # resample's median falls below 2 only when it draws the stall 4+ times out of 8 (1.1 %), so the
     # 95 % interval is [2, 2]
-    pairs = [(m, report._beside(m, {})) for m in [_timed(1.0, 2.0)] * 7 + [_timed(10.0, 2.0)]]
-    fields = report.speed_fields(pairs)
+    pairs = [(m, report_speed._beside(m, {})) for m in [_timed(1.0, 2.0)] * 7 + [_timed(10.0, 2.0)]]
+    fields = report_speed.speed_fields(pairs)
     assert fields["e2e_speedup"] == 2.0 and fields["e2e_speedup_total"] == pytest.approx(16 / 17)
     assert fields["e2e_speedup_ci"] == [2.0, 2.0] and fields["e2e_verdict"] == "faster"
     assert fields["retimed"] == 0
     # one stall in four: 3+ draws of it (5 % of resamples) give a median of 0.2: the interval holds 1.0,
     # and the row says so instead of claiming a speedup or a loss
-    pairs = [(m, report._beside(m, {})) for m in [_timed(1.0, 2.0)] * 3 + [_timed(10.0, 2.0)]]
-    fields = report.speed_fields(pairs)
+    pairs = [(m, report_speed._beside(m, {})) for m in [_timed(1.0, 2.0)] * 3 + [_timed(10.0, 2.0)]]
+    fields = report_speed.speed_fields(pairs)
     assert fields["e2e_speedup"] == 2.0 and fields["e2e_speedup_ci"] == [pytest.approx(0.2), 2.0]
     assert fields["e2e_verdict"] == "no clear difference" and fields["decode_verdict"] == "no clear difference"
 

@@ -1,6 +1,6 @@
 """The report's first screen: which method to use per task, a compact leaderboard, where time goes.
 
-Everything here reads the rows report.py builds (summary.json's "rows"), nothing else:
+Everything here reads the rows rows.py builds (summary.json's "rows"), nothing else:
 - recommend(): per task, the fastest method end to end among those shown non-inferior at the
   report's margin and clearly faster than the baseline (the interval of their end-to-end speedup
   above 1.0; the baseline always qualifies, at 1.00x), leaving out rows with failed samples
