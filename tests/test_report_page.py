@@ -178,8 +178,17 @@ def test_a_speedup_whose_interval_holds_one_is_not_claimed():
 
 
 def test_a_task_group_pools_its_requests():
-    a = _row("sd_tree", task="a", e2e=2.0, e2e_speedup_ci=[2.0, 2.0], e2e_paired_s=[[2.0, 1.0]] * 3)
-    b = _row("sd_tree", task="b", e2e=0.5, e2e_speedup_ci=[0.5, 0.5], e2e_paired_s=[[1.0, 2.0]])
-    speed, ci = report_overview.pooled_speedup([a, b])
-    assert speed == 2.0 and ci[0] < 1.0 < ci[1]  # 3 requests at 2x, 1 at 0.5x: median 2, interval holds 1
-    assert report_overview.pooled_speedup([a]) == (2.0, [2.0, 2.0])  # one task: its own row's figures
+    a = _row("sd_tree", task="a", e2e=2.0, e2e_speedup_ci=[2.0, 2.0], e2e_verdict="faster",
+             e2e_paired_s_per_token=[[2.0, 1.0]] * 5)
+    b = _row("sd_tree", task="b", e2e=0.5, e2e_speedup_ci=[0.5, 0.5], e2e_paired_s_per_token=[[1.0, 2.0]])
+    speed, ci, verdict = report_overview.pooled_speedup([a, b])
+    # 5 requests at 2x, 1 at 0.5x: median 2, the interval over 6 is the min-max range: it holds 1
+    assert speed == 2.0 and ci == [0.5, 2.0] and verdict == "no clear difference"
+    assert report_overview.pooled_speedup([a]) == (2.0, [2.0, 2.0], "faster")  # one task: its own row's figures
+    four = _row("sd_tree", task="c", e2e_paired_s_per_token=[[2.0, 1.0]] * 2)
+    assert report_overview.pooled_speedup([four, four])[2] == "too few requests"
+
+
+def test_too_few_requests_never_reads_as_a_speedup():
+    assert report_overview.speed_lines(1.1, [float("nan")] * 2, "too few requests") == ["(1.10x)", "too few requests"]
+    assert report_overview.speed_text(1.1, None, "too few requests") == "(1.10x) too few requests"

@@ -30,12 +30,16 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
    (geometric means over the method's tasks)},
  "baseline": "vanilla", "alpha": 0.05, "n_boot": 2000,
  "rows": [{"task", "method", "lossless": bool (verifier exact: vanilla, sd_tree, specvlm,
-   sparrow, "custom:<drafter>+exact", or any method run with verifier=exact), "n" (paired samples), "n_timed", "failed", "tau",
-   "tokens_per_step", "e2e_speedup" and "decode_speedup" (medians of per-request ratios baseline / method),
-   "e2e_speedup_ci" and "decode_speedup_ci" ([lo, hi], percentile bootstrap), "e2e_speedup_total" and
-   "decode_speedup_total" (ratios of summed seconds), "e2e_verdict" and "decode_verdict" ("faster",
-   "slower", "no clear difference", "too few requests"; null for the baseline), "e2e_paired_s" ([[baseline
-   seconds, method seconds], ...] per timed request), "retimed" (pairs in which a stalled arm was decoded
+   sparrow, "custom:<drafter>+exact", or any method run with verifier=exact), "n" (paired samples),
+   "n_timed", "cold_starts" (error-free pairs left out of speed as a process's first request), "failed",
+   "tau", "tokens_per_step", "e2e_speedup" and "decode_speedup" (medians of per-request ratios baseline /
+   method of seconds per generated token: speed.py), "e2e_speedup_ci" and "decode_speedup_ci" ([lo, hi],
+   order statistics; [1, 1] for the baseline), "e2e_speedup_total" and "decode_speedup_total" (ratios of
+   summed seconds per token), "e2e_verdict" and "decode_verdict" ("faster", "slower", "no clear
+   difference", "too few requests"; null for the baseline), "e2e_request_speedup" and
+   "e2e_request_speedup_ci" (per request, whatever the answers' lengths), "length_ratio" (method tokens /
+   baseline tokens), "e2e_paired_s_per_token" ([[baseline, method] seconds per generated token, ...] per
+   timed request), "retimed" (pairs in which a stalled arm was decoded
    again, decoding/runner.timed_pair), "timing", "decode_tokens_per_s", "quality",
    "vanilla_quality", "metric", "retention", "retention_ci": [lo, hi], "non_inferior",
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
@@ -48,7 +52,11 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
    of the target's logits there is numerics, anything else a bug)},
    "visual_tokens", "mean_new_tokens" (means over the timed samples), "time_breakdown": mean seconds
    per sample in each phase (report_overview.PHASES, from the stats' preprocess_s, prefill_s,
-   draft_prepare_s, else draft_prefill_s + draft_vision_s, prune_s, decode_s, e2e_s) and "e2e"],
+   draft_prepare_s, else draft_prefill_s + draft_vision_s, prune_s, decode_s, e2e_s), "e2e",
+   "new_tokens" and "n", over the timed requests; "baseline_time_breakdown" the same of the baseline
+   arms those requests were compared with (the paired vanilla decodes where timing is paired)],
+ "length_pooled": [{"method", "n", "e2e_speedup", "e2e_speedup_ci", "e2e_verdict", "tasks"}] (each
+   method's length-task rows pooled; [] without length tasks),
  "plots": [{"name", "path" (a PNG relative to DIR; null for a table-only entry), "caption", plus
    the hook's extra figures, e.g. "top_loose_tokens": [[text, count], ...]}], "warnings": [str]}
 Rows are ordered by task, then vanilla, sd_tree, specvlm, sparrow, fly, lvspec, others by name.
@@ -93,6 +101,7 @@ from lvspec_eval.reporting.runs import (  # noqa: F401  (the report's public nam
 )
 from lvspec_eval.reporting.sections import (
     TITLE,
+    length_pooled,
     page_sections,
     summary_sections,
     table_sections,
@@ -157,6 +166,7 @@ def summary_dict(rows: list[dict], plots: list[report_plots.Plot], opts: ReportO
             "alpha": opts.alpha,
             "n_boot": opts.n_boot,
             "rows": rows,
+            "length_pooled": length_pooled(rows, opts) if opts.length_tasks else [],
             "plots": plot_entries,
             "warnings": warnings,
         }

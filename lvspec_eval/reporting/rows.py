@@ -16,7 +16,12 @@ from lvspec_eval.reporting import policy as report_policy
 from lvspec_eval.reporting.options import ReportOptions
 from lvspec_eval.reporting.quality import quality_fields
 from lvspec_eval.reporting.runs import TaskRun
-from lvspec_eval.reporting.speed import sample_shape, speed_fields, timed_pairs
+from lvspec_eval.reporting.speed import (
+    cold_starts,
+    sample_shape,
+    speed_fields,
+    timed_pairs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +38,14 @@ def method_row(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions)
         )
     row = {"task": run.task, "method": run.method, "lossless": run.lossless}
     row["failed"] = sum(1 for r in run.stats.values() if r.get("error"))
-    row.update(speed_fields(pairs, opts))
-    if run.method == opts.baseline:  # against itself: no verdict to give
-        row.update(e2e_verdict=None, decode_verdict=None)
+    row.update(speed_fields(pairs, opts), cold_starts=cold_starts(run, vanilla))
+    if run.method == opts.baseline and pairs:  # against itself: exactly 1, no verdict to give
+        row.update(e2e_verdict=None, decode_verdict=None, e2e_speedup_ci=[1.0, 1.0], decode_speedup_ci=[1.0, 1.0])
     row.update(quality_fields(run, vanilla, metric, opts))
     if run.lossless and run.method != opts.baseline:
         row["divergence"] = divergence.row_fields(run.stats, vanilla.stats)
     row["policy"] = report_policy.policy_fields(run.stats.values())
-    row.update(sample_shape([m for m, _ in pairs]))
+    row.update(sample_shape(pairs))
     return row
 
 

@@ -18,7 +18,20 @@ def _num(x, fmt: str = ".3f", suffix: str = "") -> str:
 
 
 def _speedup_cell(r: dict, figure: str) -> str:
-    return report_overview.speed_text(r[f"{figure}_speedup"], r.get(f"{figure}_speedup_ci"))
+    return report_overview.speed_text(r[f"{figure}_speedup"], r.get(f"{figure}_speedup_ci"), r.get(f"{figure}_verdict"))
+
+
+def answers_differ(r: dict) -> bool:
+    """Whether the method's answers may differ from the baseline's (then its per-request speedup and
+    answer-length ratio are shown beside the per-token one)."""
+    return not r.get("lossless") or r.get("exact_match_rate") not in (1.0, None)
+
+
+def _per_request_cell(r: dict) -> str:
+    """'1.18x (1.40)': the median per-request speedup and the answer-length ratio (method / baseline)."""
+    if not answers_differ(r):
+        return "-"
+    return f"{_num(r.get('e2e_request_speedup'), '.2f', 'x')} ({_num(r.get('length_ratio'), '.2f')})"
 
 
 def _retention_cell(r: dict) -> str:
@@ -37,8 +50,10 @@ COLUMNS = (
     ("e2e speedup [CI]", lambda r: _speedup_cell(r, "e2e")),
     ("e2e summed", lambda r: _num(r.get("e2e_speedup_total"), ".2f", "x")),
     ("e2e verdict", lambda r: r.get("e2e_verdict") or "-"),
+    ("per request (length)", _per_request_cell),
     ("decode speedup [CI]", lambda r: _speedup_cell(r, "decode")),
     ("timing", lambda r: r.get("timing") or "-"),
+    ("timed (cold)", lambda r: f"{r.get('n_timed', '-')} ({r.get('cold_starts', '-')})"),
     ("decode tok/s", lambda r: _num(r["decode_tokens_per_s"], ".1f")),
     ("metric", lambda r: r["metric"]),
     ("quality", lambda r: _num(r["quality"], ".4f")),
@@ -65,12 +80,16 @@ def markdown_table(rows: list[dict]) -> str:
 def method_note(opts: ReportOptions) -> str:
     ci = f"{1 - opts.alpha:.0%}"
     return (
-        f"Baseline: {opts.baseline}. Speedups are medians over the samples both runs timed of the per-request "
-        f"ratio baseline time / method time, with a {1 - opts.alpha:.0%} percentile bootstrap interval "
-        f"({opts.n_boot} resamples; 'no clear difference' when it holds 1.0), the ratio of summed times beside "
-        "them (decode excludes prefill, pruning and draft prefill; e2e includes them); timing: 'paired' when the "
-        "baseline was decoded beside each request in the method's own process (model_arg paired_timing=true), "
-        "'runs' when its own run's times are used. tau = accepted draft tokens "
+        f"Baseline: {opts.baseline}. Speed is per generated token, prefill included: per request, the baseline's "
+        "seconds per generated token / the method's; speedups are the medians of these over the requests both runs "
+        f"timed, with a {ci} distribution-free interval from order statistics (binomial; 'too few requests' "
+        "below 6 requests, 'no clear difference' when it holds 1.0), the ratio of summed seconds per token beside "
+        "them (decode excludes prefill, pruning and draft prefill; e2e includes them). A shorter answer is never a "
+        "speedup: where a method's answers may differ from the baseline's, 'per request (length)' gives the "
+        "median per-request speedup and the answer-length ratio (method tokens / baseline tokens). timing: "
+        "'paired' when the baseline was decoded beside each request in the method's own process (model_arg "
+        "paired_timing=true), 'runs' when its own run's times are used; each process's first (cold-start) request "
+        "is left out of speed and counted in 'timed (cold)'. tau = accepted draft tokens "
         "per step, bonus token excluded; tokens/step = tau + 1. Retention = mean(method) / mean(baseline) on "
         f"paired samples with a {ci} paired BCa bootstrap interval ({opts.n_boot} resamples); non-inferior when "
         f"its lower bound >= 1 - margin. p: McNemar exact test for 0/1 metrics, else Wilcoxon signed-rank "
@@ -84,9 +103,10 @@ def method_note(opts: ReportOptions) -> str:
 
 
 LEADERBOARD_NOTE = (
-    "A cell: end-to-end speedup over the baseline (wall clock from request to answer, preprocessing and every "
-    "prefill included: the median over requests of the baseline's time / the method's, both timed side by side), "
-    "below it its percentile bootstrap interval, then retention (quality / the baseline's). '≈1 (1.02x)': the "
+    "A cell: end-to-end speedup over the baseline per generated token (wall clock from request to answer, "
+    "preprocessing and every prefill included, divided by the tokens generated: the median over requests of the "
+    "baseline's time per token / the method's, both timed side by side), below it its distribution-free interval "
+    "('too few requests' where there are fewer than 6), then retention (quality / the baseline's). '≈1 (1.02x)': the "
     "interval holds 1.0, no clear difference (neither a gain nor a loss). Task-group cells: the median over the "
     "group's requests pooled, with its interval, and the lowest retention of the group's tasks; groups: "
     "multiple choice = answers of at most "
@@ -95,10 +115,39 @@ LEADERBOARD_NOTE = (
     "geometric means over the method's tasks; decode overall counts the decoding loop only."
 )
 BREAKDOWN_NOTE = (
-    "Mean milliseconds per sample in each phase of a request, over the method's timed samples: preprocessing "
-    "(video decoding, processor), the target's prefill, the draft's preparation (its vision tower and prefill), "
-    "pruning the draft's visual tokens, decoding; other = the measured end-to-end time minus these."
+    "Mean milliseconds per request in each phase, over the requests the leaderboard's speedups use (each "
+    "process's first, cold-start request left out: counted in brackets): preprocessing (video decoding, "
+    "processor), the target's prefill, the draft's preparation (its vision tower and prefill), pruning the "
+    "draft's visual tokens, decoding; other = the measured end-to-end time minus these. baseline ms/token: the "
+    "baseline arms each method was compared with, on the same requests (the vanilla decodes beside the method's "
+    "where timing is paired; the baseline's own line, '(own run)', is its own process): baseline ms/token over "
+    "ms/token is the method's summed per-token speedup (the full table's 'e2e summed')."
 )
+LENGTH_NOTE = (
+    "A few samples per length, for the speedup-vs-visual-tokens plot: too few for an interval per length "
+    "('too few requests' below 6). The pooled table puts each method's requests of every length together "
+    "(the median of their per-token ratios, with its interval): a verdict over all lengths, not per length."
+)
+LENGTH_POOLED_HEADERS = ["method", "requests", "e2e speedup, all lengths pooled", "verdict"]
+
+
+def length_pooled(rows: list[dict], opts: ReportOptions) -> list[dict]:
+    """Per method but the baseline, its length rows pooled: {"method", "n", "e2e_speedup", "e2e_speedup_ci",
+    "e2e_verdict", "tasks"} (summary.json's "length_pooled")."""
+    out = []
+    for m in dict.fromkeys(r["method"] for r in rows if r["task"] in opts.length_tasks):
+        mine = [r for r in rows if r["method"] == m and r["task"] in opts.length_tasks]
+        if m == opts.baseline or len(mine) < 2:
+            continue
+        speed, ci, verdict = report_overview.pooled_speedup(mine, opts.alpha)
+        out.append({"method": m, "n": sum(r.get("n_timed") or 0 for r in mine), "e2e_speedup": speed,
+                    "e2e_speedup_ci": ci, "e2e_verdict": verdict, "tasks": [r["task"] for r in mine]})
+    return out
+
+
+def length_pooled_cells(pooled: list[dict]) -> list[list[str]]:
+    return [[p["method"], str(p["n"]), report_overview.speed_text(p["e2e_speedup"], p["e2e_speedup_ci"], p["e2e_verdict"]),
+             p["e2e_verdict"] or "-"] for p in pooled]
 
 
 def summary_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
@@ -117,7 +166,7 @@ def summary_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
 
 def table_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
     """The compact leaderboard, the time breakdown, then the full tables, collapsed."""
-    headers, cells = report_overview.leaderboard(rows, opts.baseline, opts.n_boot, opts.alpha, opts.seed)
+    headers, cells = report_overview.leaderboard(rows, opts.baseline, opts.alpha)
     main = [r for r in rows if r["task"] not in opts.length_tasks]
     lengths = [r for r in rows if r["task"] in opts.length_tasks]
     out = [Section("Leaderboard: end-to-end speedup and retention", tables=[Table(headers, cells, css="leaderboard",
@@ -129,9 +178,10 @@ def table_sections(rows: list[dict], opts: ReportOptions) -> list[Section]:
            Section("All figures, per task and method", [method_note(opts)],
                    [Table(*table_cells(main), css="wide", element_id="full-table")], collapsed=True)]
     if lengths:
-        out.append(Section("Length stage: the same task at other video lengths",
-                           ["A few samples per length, for the speedup-vs-visual-tokens plot."],
-                           [Table(*table_cells(lengths), css="wide", element_id="length-table")], collapsed=True))
+        pooled = Table(LENGTH_POOLED_HEADERS, length_pooled_cells(length_pooled(rows, opts)), element_id="length-pooled")
+        out.append(Section("Length stage: the same task at other video lengths", [LENGTH_NOTE],
+                           [pooled, Table(*table_cells(lengths), css="wide", element_id="length-table")],
+                           collapsed=True))
     return out
 
 
