@@ -7,12 +7,14 @@ Everything here reads the rows rows.py builds (summary.json's "rows"), nothing e
   or divergences that are not near-ties, and, for the tasks named in `lossless_tasks`, rows that are
   not lossless token for token.
 - leaderboard(): methods as rows, task columns (or task groups when there are more than
-  MAX_TASK_COLUMNS tasks), a cell = end-to-end speedup (the median of per-request ratios), its
-  bootstrap interval, and retention; then mean tau and the overall end-to-end and decode speedups
-  (geometric means over the tasks). A group cell pools its tasks' requests (the median of all their
-  ratios, with its interval) and shows the LOWEST retention of its tasks. A speedup whose interval
-  holds 1.0 reads "≈1 (1.02x)": no clear difference, neither a gain nor a loss.
-- breakdown(): mean milliseconds per sample in each phase of a request, per task group and method.
+  MAX_TASK_COLUMNS tasks), a cell = end-to-end speedup per generated token (the median of
+  per-request ratios, speed.py), its order-statistic interval, and retention; then mean tau and the
+  overall end-to-end and decode speedups (geometric means over the tasks). A group cell pools its
+  tasks' requests (the median of all their ratios, with its interval) and shows the LOWEST retention
+  of its tasks. A speedup whose interval holds 1.0 reads "≈1 (1.02x)": no clear difference, neither
+  a gain nor a loss; one without an interval (under 6 requests) "(1.10x) too few requests".
+- breakdown_cells(): mean milliseconds per request in each phase, per leaderboard column and method,
+  over the requests the speedups use, with the baseline arms those speedups compare with beside it.
 """
 from __future__ import annotations
 
