@@ -163,6 +163,10 @@ def test_many_tasks_become_task_groups():
     assert headers == ["method", "short videos", "long videos", "multiple choice", "tau", "e2e overall",
                        "decode overall"]
     assert cells[1][1] == "1.00x\nret 1.000"
+    # the baseline against itself is exactly 1, also where its pooled requests are too few for an interval
+    for r in rows:
+        r["e2e_paired_s_per_token"] = [[1.0, 1.0]]
+    assert report_overview.leaderboard(rows, "vanilla")[1][0][1] == "1.00x\nret 1.000"
 
 
 def test_a_speedup_whose_interval_holds_one_is_not_claimed():

@@ -218,10 +218,10 @@ def pooled_speedup(task_rows: list[dict], alpha: float = 0.05) -> tuple:
     return s.median, [s.lo, s.hi], s.verdict
 
 
-def _cell(task_rows: list[dict], alpha: float) -> str:
+def _cell(task_rows: list[dict], alpha: float, is_baseline: bool = False) -> str:
     if not task_rows:
         return "-"
-    speed = speed_lines(*pooled_speedup(task_rows, alpha))
+    speed = ["1.00x"] if is_baseline else speed_lines(*pooled_speedup(task_rows, alpha))  # against itself: exactly 1
     retention = min((r["retention"] for r in task_rows if _finite(r.get("retention"))), default=float("nan"))
     return "\n".join([*speed, f"ret {_f(retention)}"])
 
@@ -236,7 +236,7 @@ def leaderboard(rows: list[dict], baseline: str, alpha: float = 0.05) -> tuple[l
     for m in methods:
         mine = [r for r in rows if r["method"] == m]
         tau = [r["tau"] for r in mine if _finite(r.get("tau"))]
-        cells.append([m, *(_cell([r for r in mine if r["task"] in tasks], alpha) for tasks in cols.values()),
+        cells.append([m, *(_cell([r for r in mine if r["task"] in tasks], alpha, m == baseline) for tasks in cols.values()),
                       _f(sum(tau) / len(tau), ".2f") if tau else "-",
                       _x(geomean(r.get("e2e_speedup") for r in mine)), _x(geomean(r.get("decode_speedup") for r in mine))])
     return headers, cells
