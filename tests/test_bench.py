@@ -179,6 +179,7 @@ def test_paired_timing_decodes_vanilla_beside_each_request_in_alternating_order(
                         lambda backend, drafter, *rest: order.append(drafter.name) or real(backend, drafter, *rest))
     first, second = (sd_tree.generate(s["prompt"], [s["video"]], 32).stats for _ in range(2))
     assert order == [sd_tree.drafter.name, "none", "none", sd_tree.drafter.name]  # who goes first alternates
+    assert (first["request_index"], second["request_index"]) == (0, 1)  # 0: the cold start the report leaves out
     for rec in (first, second):  # sd_tree is lossless: vanilla beside it said the same
         assert rec["vanilla_tokens"] == rec["tokens"] and rec["vanilla_num_new_tokens"] == rec["num_new_tokens"]
         assert rec["vanilla_decode_s"] > 0 and rec["vanilla_e2e_s"] >= rec["vanilla_decode_s"]
