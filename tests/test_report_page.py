@@ -196,3 +196,11 @@ def test_a_task_group_pools_its_requests():
 def test_too_few_requests_never_reads_as_a_speedup():
     assert report_overview.speed_lines(1.1, [float("nan")] * 2, "too few requests") == ["(1.10x)", "too few requests"]
     assert report_overview.speed_text(1.1, None, "too few requests") == "(1.10x) too few requests"
+
+
+def test_the_summary_never_recommends_a_speedup_over_too_few_requests():
+    few = _row("sd_tree", e2e=1.8, e2e_speedup_ci=[float("nan")] * 2, e2e_verdict="too few requests")
+    (pick,) = report_overview.recommend([_row("vanilla"), few], "vanilla")
+    assert pick["row"]["method"] == "vanilla"
+    assert report_overview.recommend_cells([{"task": "cap", "row": few, "reason": "x"}])[0][2] == \
+        "(1.80x) too few requests"
