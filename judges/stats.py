@@ -22,19 +22,30 @@ sample id (`pair_by_id`), so sample difficulty cancels out of the comparison.
   methods must reach 1.0 (in fp32).
 
 - Speedup (`speedup_interval`): the median of per-request ratios vanilla_seconds / method_seconds
-  with a percentile bootstrap interval (resample requests, take each resample's median; defaults
-  2,000 resamples, 95 %, seed 0), and the ratio of summed seconds beside it. A median is what one
-  stalled request cannot move, and an interval that holds 1.0 says the run cannot tell the two
-  apart (`SpeedupInterval.verdict`: "no clear difference").
+  with a distribution-free interval from order statistics (`median_interval_rank`): the sorted
+  ratios' k-th smallest and k-th largest, k the largest with 2 P(Binomial(n, 1/2) < k) <= alpha, so
+  the interval holds the true median ratio with probability >= 1 - alpha at every n, whatever the
+  distribution (no bootstrap: a percentile bootstrap of a median over n <= 5 requests is the min-max
+  range, 87.5 % coverage at n = 4). Below the n where 1 - alpha is reachable (n < 6 at 95 %) there
+  is no interval and the verdict is "too few requests". A median is what one stalled request
+  cannot move, and an interval that holds 1.0 says the run cannot tell the two apart
+  (`SpeedupInterval.verdict`: "no clear difference").
+- Speed is per generated token (`per_token_speedup`, the project's one definition, used by bench,
+  report, check and the summary): each request's end-to-end (or decode) seconds divided by the
+  tokens it generated, vanilla's over the method's, so a method whose answers are shorter is not
+  faster for that.
 
 Decode-speed figures (tau, tokens/step) are defined in decoding/stats.py.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from fractions import Fraction
 
 import numpy as np
 from scipy import stats as sps
@@ -250,12 +261,12 @@ class SpeedupInterval:
     """How much faster a method is than vanilla over paired requests (> 1: faster)."""
 
     median: float  # median over requests of vanilla_s / method_s
-    lo: float  # percentile bootstrap bounds of that median (NaN with fewer than 2 requests)
+    lo: float  # the order-statistic interval of that median (NaN below the n where 1 - alpha is reachable)
     hi: float
     total: float  # sum(vanilla_s) / sum(method_s): the summed wall clocks
     n: int
     alpha: float
-    n_boot: int
+    coverage: float  # the interval's exact coverage of the true median, >= 1 - alpha (NaN without one)
 
     @property
     def verdict(self) -> str:
@@ -266,35 +277,71 @@ class SpeedupInterval:
         return "faster" if self.lo > 1.0 else "slower" if self.hi < 1.0 else "no clear difference"
 
 
-def speedup_interval(
-    vanilla_s: Sequence[float], method_s: Sequence[float], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
-) -> SpeedupInterval:
-    """Median of the per-request ratios vanilla_s[i] / method_s[i] with a two-sided percentile
-    bootstrap interval: n_boot resamples of the n requests (with replacement, numpy's default_rng(seed)),
-    the median of each, and their alpha/2 and 1 - alpha/2 quantiles. Requests with a time <= 0 are
-    left out (nothing was timed).
+@functools.lru_cache(maxsize=1024)
+def median_interval_rank(n: int, alpha: float = 0.05) -> int:
+    """k for the interval [x_(k), x_(n+1-k)] of the median of n sorted values: the largest k with
+    P(x_(k) > median) = P(Binomial(n, 1/2) <= k - 1) <= alpha / 2 (the same on the other side), so
+    the interval holds the median with probability >= 1 - alpha for any continuous distribution
+    (and at least that with ties). 0: no k qualifies (n < 6 at alpha 0.05: even the min-max range
+    covers only 1 - 2 / 2^n). Exact integer arithmetic: at n = 6, P = 1/64 <= 0.025, so k = 1."""
+    _check_alpha(alpha)
+    bar = math.floor(Fraction(alpha) * 2**n)  # exact integers: no float overflow at large n
+    k, below, term = 0, 0, 1  # below = sum of C(n, i) for i < k; term = C(n, k)
+    while k < n and 2 * (below + term) <= bar:
+        below += term
+        term = term * (n - k) // (k + 1)
+        k += 1
+    return k
 
-    Example: vanilla [2, 8] s, method [1, 2] s -> ratios 2 and 4, median 3; a resample's median is
-    2, 3 or 4 (1/4, 1/2, 1/4 of the time), so the 95 % interval is [2, 4]; total = 10 / 3.
+
+def median_interval_coverage(n: int, k: int) -> float:
+    """P(x_(k) <= median <= x_(n+1-k)) for a continuous distribution: 1 - 2 P(Binomial(n, 1/2) < k)."""
+    return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+
+def speedup_interval(vanilla_s: Sequence[float], method_s: Sequence[float], alpha: float = 0.05) -> SpeedupInterval:
+    """Median of the per-request ratios vanilla_s[i] / method_s[i] with its two-sided
+    distribution-free interval [r_(k), r_(n+1-k)] (k = median_interval_rank(n, alpha)). Requests
+    with a time <= 0 are left out (nothing was timed).
+
+    Example: ratios 0.9, 1.2, 1.3, 1.5, 1.6, 2.0 (n = 6): k = 1, the interval is [0.9, 2.0] with
+    coverage 1 - 2/64 = 96.9 %: "no clear difference". Four ratios of 1.01-1.10: no interval at 95 %,
+    "too few requests" (a min-max range over 4 covers the median 87.5 % of the time).
     """
     v, m = _check_pair(vanilla_s, method_s)
     _check_alpha(alpha)
-    if n_boot < 1:
-        raise ValueError(f"n_boot={n_boot!r}; allowed: an integer >= 1")
     timed = (v > 0) & (m > 0)
     v, m = v[timed], m[timed]
     nan = float("nan")
     if len(v) == 0:
-        return SpeedupInterval(nan, nan, nan, nan, 0, alpha, n_boot)
-    ratios = v / m
+        return SpeedupInterval(nan, nan, nan, nan, 0, alpha, nan)
+    ratios = np.sort(v / m)
+    n = len(ratios)
     median, total = float(np.median(ratios)), float(v.sum() / m.sum())
-    if len(ratios) < 2:
-        return SpeedupInterval(median, nan, nan, total, 1, alpha, n_boot)
-    rng = np.random.default_rng(seed)
-    medians = np.concatenate([np.median(ratios[rng.integers(0, len(ratios), (min(BOOT_CHUNK, n_boot - k), len(ratios)))],
-                                        axis=1) for k in range(0, n_boot, BOOT_CHUNK)])
-    lo, hi = np.quantile(medians, [alpha / 2, 1 - alpha / 2])
-    return SpeedupInterval(median, float(lo), float(hi), total, len(ratios), alpha, n_boot)
+    k = median_interval_rank(n, alpha)
+    if k == 0:
+        return SpeedupInterval(median, nan, nan, total, n, alpha, nan)
+    return SpeedupInterval(median, float(ratios[k - 1]), float(ratios[n - k]), total, n, alpha,
+                           median_interval_coverage(n, k))
+
+
+def per_token_speedup(vanilla_s: Sequence[float], vanilla_tokens: Sequence[float], method_s: Sequence[float],
+                      method_tokens: Sequence[float], alpha: float = 0.05) -> SpeedupInterval:
+    """The project's one definition of speed: per request, seconds per generated token (a request
+    that generated none counts as one), vanilla's / the method's; its median and interval as in
+    speedup_interval, and `total` = (sum of vanilla's seconds / its tokens) / (the method's): the
+    summed wall clocks per token. Equal per-token time reads 1.0 however short the method's answers."""
+    v, m = _check_pair(vanilla_s, method_s)
+    vt, mt = _check_pair(vanilla_tokens, method_tokens)
+    if vt.shape != v.shape:
+        raise ValueError(f"need one token count per request, got {len(vt)} counts for {len(v)} requests")
+    vt, mt = np.maximum(vt, 1.0), np.maximum(mt, 1.0)
+    s = speedup_interval(v / vt, m / mt, alpha)
+    timed = (v > 0) & (m > 0)
+    if not timed.any():
+        return s
+    total = float((v[timed].sum() / vt[timed].sum()) / (m[timed].sum() / mt[timed].sum()))
+    return replace(s, total=total)
 
 
 def compare_quality(

@@ -179,6 +179,7 @@ def test_paired_timing_decodes_vanilla_beside_each_request_in_alternating_order(
                         lambda backend, drafter, *rest: order.append(drafter.name) or real(backend, drafter, *rest))
     first, second = (sd_tree.generate(s["prompt"], [s["video"]], 32).stats for _ in range(2))
     assert order == [sd_tree.drafter.name, "none", "none", sd_tree.drafter.name]  # who goes first alternates
+    assert (first["request_index"], second["request_index"]) == (0, 1)  # 0: the cold start the report leaves out
     for rec in (first, second):  # sd_tree is lossless: vanilla beside it said the same
         assert rec["vanilla_tokens"] == rec["tokens"] and rec["vanilla_num_new_tokens"] == rec["num_new_tokens"]
         assert rec["vanilla_decode_s"] > 0 and rec["vanilla_e2e_s"] >= rec["vanilla_decode_s"]
@@ -209,10 +210,24 @@ def test_bench_speedup_is_a_median_with_its_interval_and_says_when_it_holds_one(
                 "draft_s": 0.0, "drafted_draft_s": 0.0, "verify_s": 0.0, "num_draft_nodes": [1, 1], "prefill_s": 0.1,
                 "prune_s": 0.0, "draft_prefill_s": 0.0, "visual_tokens": 64, "kept_visual_tokens": 64,
                 "tokens": [1], "quality": None}
-    samples = [{"id": k, "scene": None, "answer": None} for k in range(3)]
-    base = [rec(2.0), rec(2.0), rec(2.0)]
-    row = bench.summarise("m", [rec(1.0), rec(2.0), rec(4.0)], base, samples)  # ratios 2, 1, 0.5
-    assert row["e2e_speedup"] == 1.0 and row["e2e_speedup_ci"] == [0.5, 2.0]
+    samples = [{"id": k, "scene": None, "answer": None} for k in range(6)]
+    base = [rec(2.0)] * 6
+    row = bench.summarise("m", [rec(1.0), rec(2.0), rec(4.0)] * 2, base, samples)  # ratios 2, 1, 0.5 twice
+    assert row["e2e_speedup"] == 1.0 and row["e2e_speedup_ci"] == [0.5, 2.0]  # n = 6: the min-max range
     assert row["e2e_verdict"] == "no clear difference" and row["e2e_speedup_total"] == pytest.approx(6 / 7)
     table = bench.format_table({"task": "synthvid_caption", "methods": {"m": row}})
     assert "[0.500, 2.000] | no clear difference" in table
+
+
+def test_bench_speed_is_per_token_so_shorter_answers_are_not_faster():
+    def rec(e2e, tokens):
+        return {"decode_s": e2e / 2, "e2e_s": e2e, "num_new_tokens": tokens, "num_steps": 2, "accepted_lengths": [1, 1],
+                "draft_s": 0.0, "drafted_draft_s": 0.0, "verify_s": 0.0, "num_draft_nodes": [1, 1], "prefill_s": 0.1,
+                "prune_s": 0.0, "draft_prefill_s": 0.0, "visual_tokens": 64, "kept_visual_tokens": 64,
+                "tokens": [1], "quality": None}
+    samples = [{"id": k, "scene": None, "answer": None} for k in range(6)]
+    row = bench.summarise("m", [rec(1.0, 10)] * 6, [rec(2.0, 20)] * 6, samples)  # half the answer, half the time
+    assert row["e2e_speedup"] == 1.0 and row["decode_speedup"] == 1.0
+    assert row["e2e_request_speedup"] == 2.0 and row["length_ratio"] == 0.5
+    few = bench.summarise("m", [rec(1.0, 10)] * 4, [rec(2.0, 10)] * 4, samples[:4])
+    assert few["e2e_speedup"] == 2.0 and few["e2e_verdict"] == "too few requests"

@@ -197,3 +197,24 @@ def test_check_passes_near_ties_and_fails_divergences_elsewhere():
     assert any("neither run was near a tie" in f for f in row_failures(bug, "vanilla", Gate()))
     unknown = _div_row(0.9, compared=10, diverged=1, near_tie=0, elsewhere=0, unclassified=1)
     assert any("exact_match_rate" in f for f in row_failures(unknown, "vanilla", Gate()))
+
+
+def test_a_speedup_over_too_few_requests_is_named_in_a_note(tmp_path, capsys):
+    few = make_row("sd_tree", e2e_speedup=1.2, e2e_verdict="too few requests", n_timed=4)
+    assert run_check(tmp_path, make_summary(make_row("vanilla"), few), "--min-e2e-speedup", "1.1") == 0
+    out = capsys.readouterr().out
+    assert "note: sd_tree on videomme: e2e speedup over 4 requests, too few for an interval" in out
+    assert run_check(tmp_path, make_summary(make_row("vanilla"), few)) == 0  # no speed bar: nothing to say
+    assert "too few" not in capsys.readouterr().out
+
+
+def test_the_gated_speedup_is_the_reports_per_token_figure(tmp_path):
+    """check reads the report's e2e_speedup, per generated token: a method whose answers are half as
+    long at the same time per token reads 1.0 there and fails a bar of 1.1, whatever its per-request
+    figure says."""
+    from judges import stats
+
+    s = stats.per_token_speedup([2.0] * 6, [40] * 6, [1.0] * 6, [20] * 6)
+    row = make_row("lvspec", e2e_speedup=s.median, e2e_request_speedup=2.0, length_ratio=0.5)
+    failures, _ = check.check_summary(make_summary(make_row("vanilla"), row), check.Gate(min_e2e_speedup=1.1))
+    assert failures == ["FAIL lvspec on videomme: e2e_speedup 1 < 1.1"]

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 from scipy import stats as sps
 
+from lvspec_eval.reporting import overview as report_overview
 from lvspec_eval.reporting import plots as report_plots
 from lvspec_eval.reporting import report
+from lvspec_eval.reporting import speed as report_speed
 
 DATE = "20250101_120000"
 MC = "demo_mc"  # 0/1 accuracy: McNemar
@@ -164,7 +166,8 @@ def test_speed_figures_match_hand_computation(summary):
     # every request has the same ratio: the interval is that point, the summed ratio the same
     assert sd["e2e_speedup_ci"] == [pytest.approx(1.5)] * 2 and sd["e2e_speedup_total"] == pytest.approx(1.5)
     assert sd["e2e_verdict"] == "faster" and sd["decode_verdict"] == "faster"
-    assert sd["e2e_paired_s"] == [[1.5, 1.0]] * 6
+    assert sd["e2e_paired_s_per_token"] == [[pytest.approx(1.5 / 7), pytest.approx(1.0 / 7)]] * 6
+    assert sd["e2e_request_speedup"] == pytest.approx(1.5) and sd["length_ratio"] == 1.0
     assert sd["decode_tokens_per_s"] == pytest.approx(42 / 3.0)
     lv = row(summary, MC, "lvspec")
     assert lv["failed"] == 1 and lv["n_timed"] == 5  # the failed sample is left out of speed
@@ -175,26 +178,39 @@ def test_speed_figures_match_hand_computation(summary):
     assert van["e2e_verdict"] is None and van["e2e_speedup_ci"] == [1.0, 1.0]  # the baseline against itself
 
 
-def _timed(e2e: float, vanilla_e2e: float) -> dict:
-    return {"decode_s": e2e / 2, "e2e_s": e2e, "num_new_tokens": 9, "num_steps": 3, "accepted_lengths": [1, 1, 1],
-            "vanilla_decode_s": vanilla_e2e / 2, "vanilla_e2e_s": vanilla_e2e}
+def _timed(e2e: float, vanilla_e2e: float, tokens: int = 9, vanilla_tokens: int = 9) -> dict:
+    return {"decode_s": e2e / 2, "e2e_s": e2e, "num_new_tokens": tokens, "num_steps": 3, "accepted_lengths": [1, 1, 1],
+            "vanilla_decode_s": vanilla_e2e / 2, "vanilla_e2e_s": vanilla_e2e, "vanilla_num_new_tokens": vanilla_tokens}
 
 
 def test_e2e_speedup_is_the_median_of_paired_ratios_with_its_interval():
-    # eight requests at 2x, one of them stalled (0.2x): the summed ratio says 0.94x, the median 2x; a
-    # resample's median falls below 2 only when it draws the stall 4+ times out of 8 (1.1 %), so the
-    # 95 % interval is [2, 2]
-    pairs = [(m, report._beside(m, {})) for m in [_timed(1.0, 2.0)] * 7 + [_timed(10.0, 2.0)]]
-    fields = report.speed_fields(pairs)
-    assert fields["e2e_speedup"] == 2.0 and fields["e2e_speedup_total"] == pytest.approx(16 / 17)
+    # nine requests at 2x, one of them stalled (0.2x): the summed ratio says 0.95x, the median 2x; at n = 9
+    # the 95 % interval is [r_(2), r_(8)] (binomial), so the one stall stays outside it: [2, 2]
+    pairs = [(m, report_speed._beside(m, {})) for m in [_timed(1.0, 2.0)] * 8 + [_timed(10.0, 2.0)]]
+    fields = report_speed.speed_fields(pairs)
+    assert fields["e2e_speedup"] == 2.0 and fields["e2e_speedup_total"] == pytest.approx(18 / 18)
     assert fields["e2e_speedup_ci"] == [2.0, 2.0] and fields["e2e_verdict"] == "faster"
     assert fields["retimed"] == 0
-    # one stall in four: 3+ draws of it (5 % of resamples) give a median of 0.2: the interval holds 1.0,
-    # and the row says so instead of claiming a speedup or a loss
-    pairs = [(m, report._beside(m, {})) for m in [_timed(1.0, 2.0)] * 3 + [_timed(10.0, 2.0)]]
-    fields = report.speed_fields(pairs)
+    # one stall in eight: the interval is the min-max range [r_(1), r_(8)], which holds 1.0, and the row
+    # says so instead of claiming a speedup or a loss
+    pairs = [(m, report_speed._beside(m, {})) for m in [_timed(1.0, 2.0)] * 7 + [_timed(10.0, 2.0)]]
+    fields = report_speed.speed_fields(pairs)
     assert fields["e2e_speedup"] == 2.0 and fields["e2e_speedup_ci"] == [pytest.approx(0.2), 2.0]
     assert fields["e2e_verdict"] == "no clear difference" and fields["decode_verdict"] == "no clear difference"
+    # four requests at 2x: no 95 % interval exists over four, the verdict says so
+    pairs = [(m, report_speed._beside(m, {})) for m in [_timed(1.0, 2.0)] * 4]
+    assert report_speed.speed_fields(pairs)["e2e_verdict"] == "too few requests"
+
+
+def test_shorter_answers_are_not_a_speedup():
+    """A method whose answers are half vanilla's length at vanilla's time per token: per request it
+    takes half the time (2x), per generated token (the speedup) 1.0x; both are in the row, with the
+    answer-length ratio."""
+    pairs = [(m, report_speed._beside(m, {})) for m in [_timed(1.0, 2.0, tokens=10, vanilla_tokens=20)] * 8]
+    fields = report_speed.speed_fields(pairs)
+    assert fields["e2e_speedup"] == 1.0 and fields["decode_speedup"] == 1.0 and fields["e2e_speedup_total"] == 1.0
+    assert fields["e2e_verdict"] == "no clear difference"
+    assert fields["e2e_request_speedup"] == 2.0 and fields["length_ratio"] == 0.5
 
 
 def test_multiple_choice_quality_uses_mcnemar(summary):
@@ -628,3 +644,54 @@ def test_length_plot_states_the_baselines_quality_at_each_length(tmp_path):
                                                                     4096.0: ("fidelity_f1", 0.14)}
     (plot,) = report_plots.speedup_vs_visual_tokens(data)
     assert "the baseline's quality there" in plot.caption
+
+
+# ---- one story: the time breakdown reads the leaderboard's pairs, cold starts apart -------------------
+
+def _rewrite_stats(path: Path, change) -> None:
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(change(r) or r) + "\n" for r in recs))
+
+
+def test_time_breakdown_and_leaderboard_use_the_same_baseline_arms(runs, tmp_path):
+    """vanilla's own run is slow (3 s a request) while the vanilla decodes paired beside sd_tree take
+    2 s, and sd_tree 1 s: the leaderboard says 2x (paired), and the breakdown must put the same
+    baseline arms beside sd_tree (not vanilla's own 3 s, nor a slower-looking sd_tree). Each process's
+    first request (request_index 0: 10 s on both arms) is left out of both and counted."""
+    order = {}
+
+    def vanilla_own(r):
+        if r["method"] == "vanilla":
+            r.update(e2e_s=3.0, decode_s=2.5, request_index=order.setdefault(("v", r["task"], r["doc_id"]), len(order)))
+
+    def paired(r):
+        index = order.setdefault(("s", r["task"], r["doc_id"]), len(order))
+        cold = r["task"] == MC and r["doc_id"] == 0
+        r.update(request_index=0 if cold else index + 100, e2e_s=10.0 if cold else 1.0, decode_s=0.5,
+                 vanilla_e2e_s=10.0 if cold else 2.0, vanilla_decode_s=1.5, vanilla_prefill_s=0.4,
+                 vanilla_num_new_tokens=r["num_new_tokens"])
+
+    _rewrite_stats(runs[0].parent / "stats_shared.jsonl", vanilla_own)
+    _rewrite_stats(runs[1] / "stats_sd.jsonl", paired)
+    summary = report.build_report(runs, tmp_path / "out", plots=False)
+    sd = row(summary, MC, "sd_tree")
+    assert (sd["timing"], sd["n_timed"], sd["cold_starts"]) == ("paired", 5, 1)
+    assert sd["e2e_speedup"] == pytest.approx(2.0) and sd["e2e_speedup_total"] == pytest.approx(2.0)
+    assert sd["time_breakdown"]["e2e"] == pytest.approx(1.0)  # the cold 10 s request is not in the mean
+    assert sd["baseline_time_breakdown"]["e2e"] == pytest.approx(2.0)  # the paired arms, not the own run's 3 s
+    assert sd["baseline_time_breakdown"]["draft preparation"] == 0.0
+    cells = {(c[0], c[1]): c for c in report_overview.breakdown_cells(summary["rows"], "vanilla")}
+    assert cells[(MC, "sd_tree")][2] == "5 (1)" and cells[(MC, "sd_tree")][-3] == "1000.0"
+    assert (MC, "vanilla (own run)") in cells  # vanilla's own line is labelled as such
+    # every cell: baseline ms/token over the method's is the row's summed per-token speedup, and it points
+    # the same way as the leaderboard's verdict
+    for r in summary["rows"]:
+        cell = cells.get((r["task"], r["method"]))
+        if cell is None or r["method"] == "vanilla":
+            continue
+        ratio = float(cell[-1]) / float(cell[-2])
+        assert ratio == pytest.approx(r["e2e_speedup_total"], rel=0.01), (r["task"], r["method"])
+        if r["e2e_verdict"] in ("faster", "slower"):
+            assert (ratio > 1) == (r["e2e_verdict"] == "faster")
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "| demo_mc | sd_tree | 5 (1) |" in md and "baseline ms/token" in md

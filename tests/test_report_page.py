@@ -163,6 +163,10 @@ def test_many_tasks_become_task_groups():
     assert headers == ["method", "short videos", "long videos", "multiple choice", "tau", "e2e overall",
                        "decode overall"]
     assert cells[1][1] == "1.00x\nret 1.000"
+    # the baseline against itself is exactly 1, also where its pooled requests are too few for an interval
+    for r in rows:
+        r["e2e_paired_s_per_token"] = [[1.0, 1.0]]
+    assert report_overview.leaderboard(rows, "vanilla")[1][0][1] == "1.00x\nret 1.000"
 
 
 def test_a_speedup_whose_interval_holds_one_is_not_claimed():
@@ -178,8 +182,25 @@ def test_a_speedup_whose_interval_holds_one_is_not_claimed():
 
 
 def test_a_task_group_pools_its_requests():
-    a = _row("sd_tree", task="a", e2e=2.0, e2e_speedup_ci=[2.0, 2.0], e2e_paired_s=[[2.0, 1.0]] * 3)
-    b = _row("sd_tree", task="b", e2e=0.5, e2e_speedup_ci=[0.5, 0.5], e2e_paired_s=[[1.0, 2.0]])
-    speed, ci = report_overview.pooled_speedup([a, b])
-    assert speed == 2.0 and ci[0] < 1.0 < ci[1]  # 3 requests at 2x, 1 at 0.5x: median 2, interval holds 1
-    assert report_overview.pooled_speedup([a]) == (2.0, [2.0, 2.0])  # one task: its own row's figures
+    a = _row("sd_tree", task="a", e2e=2.0, e2e_speedup_ci=[2.0, 2.0], e2e_verdict="faster",
+             e2e_paired_s_per_token=[[2.0, 1.0]] * 5)
+    b = _row("sd_tree", task="b", e2e=0.5, e2e_speedup_ci=[0.5, 0.5], e2e_paired_s_per_token=[[1.0, 2.0]])
+    speed, ci, verdict = report_overview.pooled_speedup([a, b])
+    # 5 requests at 2x, 1 at 0.5x: median 2, the interval over 6 is the min-max range: it holds 1
+    assert speed == 2.0 and ci == [0.5, 2.0] and verdict == "no clear difference"
+    assert report_overview.pooled_speedup([a]) == (2.0, [2.0, 2.0], "faster")  # one task: its own row's figures
+    four = _row("sd_tree", task="c", e2e_paired_s_per_token=[[2.0, 1.0]] * 2)
+    assert report_overview.pooled_speedup([four, four])[2] == "too few requests"
+
+
+def test_too_few_requests_never_reads_as_a_speedup():
+    assert report_overview.speed_lines(1.1, [float("nan")] * 2, "too few requests") == ["(1.10x)", "too few requests"]
+    assert report_overview.speed_text(1.1, None, "too few requests") == "(1.10x) too few requests"
+
+
+def test_the_summary_never_recommends_a_speedup_over_too_few_requests():
+    few = _row("sd_tree", e2e=1.8, e2e_speedup_ci=[float("nan")] * 2, e2e_verdict="too few requests")
+    (pick,) = report_overview.recommend([_row("vanilla"), few], "vanilla")
+    assert pick["row"]["method"] == "vanilla"
+    assert report_overview.recommend_cells([{"task": "cap", "row": few, "reason": "x"}])[0][2] == \
+        "(1.80x) too few requests"

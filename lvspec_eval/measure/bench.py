@@ -3,9 +3,12 @@
 Speedups are ratios to vanilla measured in this run on these samples, never against a number
 from another run. For each sample the methods run back to back (in rotating order, after one
 untimed warm-up sample), so drift of a shared machine hits all of them alike. Headline speedups
-are medians over samples of the per-sample ratio of per-token decode (end-to-end) times, with a
-95 % percentile bootstrap interval (e2e_speedup_ci; e2e_verdict says "no clear difference" when it
-holds 1.0); e2e_speedup_total is the ratio of the summed wall clocks from request to answer, and
+are medians over samples of the per-sample ratio of per-token decode (end-to-end) times (the
+project's one definition of speed, judges.stats.per_token_speedup), with a 95 % distribution-free
+interval (e2e_speedup_ci; e2e_verdict says "no clear difference" when it holds 1.0, "too few
+requests" under 6 samples); e2e_request_speedup and length_ratio (the method's tokens / vanilla's)
+sit beside it for methods whose answers differ; e2e_speedup_total is the ratio of the summed wall
+clocks from request to answer, and
 draft_prepare_ms / draft_prepared_share say what the draft's preparation cost per sample and on how
 many samples the draft was prepared at all (draft_prepare=lazy skips it where drafting cannot pay).
 
@@ -128,9 +131,9 @@ def _tokens_per_s(recs: list[dict]) -> float:
 
 
 def _speedups(base_tok: list[dict], per_tok: list[dict]) -> dict:
-    """Per figure (decode, e2e): the median of per-sample ratios of per-token times, its percentile
-    bootstrap interval and verdict (judges.stats.speedup_interval: "no clear difference" when the
-    interval holds 1.0)."""
+    """Per figure (decode, e2e): the median of per-sample ratios of per-token times, its order-statistic
+    interval and verdict (judges.stats.speedup_interval: "no clear difference" when the interval holds
+    1.0, "too few requests" without one)."""
     out = {}
     for key, figure in (("d", "decode"), ("e", "e2e")):
         s = judge_stats.speedup_interval([b[key] for b in base_tok], [p[key] for p in per_tok])
@@ -153,6 +156,9 @@ def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dic
         **_speedups(base_tok, per_tok),
         # wall clock from request to answer, summed over the samples: what a user waits in all
         "e2e_speedup_total": sum(r["e2e_s"] for r in base) / sum(r["e2e_s"] for r in recs),
+        # beside the per-token figures: per request, whatever each answer's length, and the length ratio
+        "e2e_request_speedup": judge_stats.speedup_interval([b["e2e_s"] for b in base], [r["e2e_s"] for r in recs]).median,
+        "length_ratio": sum(r["num_new_tokens"] for r in recs) / max(1, sum(b["num_new_tokens"] for b in base)),
         "decode_speedup_total": (sum(b["d"] for b in base_tok) / sum(p["d"] for p in per_tok)),
         "exact_match_rate": statistics.fmean(float(r["tokens"] == b["tokens"]) for r, b in zip(recs, base)),
         "draft_step_ms": 1000 * sum(r["draft_s"] for r in recs) / max(1, steps),

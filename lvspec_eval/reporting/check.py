@@ -9,6 +9,10 @@ A row fails when (the baseline row, vanilla, is exempt from the first and third 
 - --min-speedup is given and its decode_speedup is under it;
 - --baseline OLD.json is given and, for the row of the same task and method there, decode or
   e2e speedup, quality or retention fell by more than --tolerance (relative: 0.05 = 5 %).
+Speedups are the report's (lvspec_eval/reporting/speed.py): per generated token, prefill included,
+the median over requests of vanilla's seconds per token / the method's, so a method that answers
+shorter is not faster for that. A speedup gated on fewer requests than its interval needs ("too
+few requests") is gated on its point estimate and named in a note.
 Each failure prints one line naming method, task and figure; the exit code is then 1. Otherwise
 it prints a short OK table and exits 0.
 
@@ -102,7 +106,9 @@ def check_summary(summary: dict, gate: Gate, old: dict | None = None) -> tuple[l
     baseline = summary.get("baseline", "vanilla")
     for row in rows:
         failures += row_failures(row, baseline, gate)
-    notes = []
+    notes = [f"note: {r['method']} on {r['task']}: e2e speedup over {r.get('n_timed')} requests, too few for an "
+             "interval (its verdict says neither faster nor slower)"
+             for r in rows if r.get("e2e_verdict") == "too few requests" and gate.min_e2e_speedup is not None]
     if old is not None:
         new_rows = {(r["task"], r["method"]): r for r in rows}
         for old_row in old.get("rows") or []:

@@ -1,18 +1,20 @@
 """The report's first screen: which method to use per task, a compact leaderboard, where time goes.
 
-Everything here reads the rows report.py builds (summary.json's "rows"), nothing else:
+Everything here reads the rows rows.py builds (summary.json's "rows"), nothing else:
 - recommend(): per task, the fastest method end to end among those shown non-inferior at the
   report's margin and clearly faster than the baseline (the interval of their end-to-end speedup
   above 1.0; the baseline always qualifies, at 1.00x), leaving out rows with failed samples
   or divergences that are not near-ties, and, for the tasks named in `lossless_tasks`, rows that are
   not lossless token for token.
 - leaderboard(): methods as rows, task columns (or task groups when there are more than
-  MAX_TASK_COLUMNS tasks), a cell = end-to-end speedup (the median of per-request ratios), its
-  bootstrap interval, and retention; then mean tau and the overall end-to-end and decode speedups
-  (geometric means over the tasks). A group cell pools its tasks' requests (the median of all their
-  ratios, with its interval) and shows the LOWEST retention of its tasks. A speedup whose interval
-  holds 1.0 reads "≈1 (1.02x)": no clear difference, neither a gain nor a loss.
-- breakdown(): mean milliseconds per sample in each phase of a request, per task group and method.
+  MAX_TASK_COLUMNS tasks), a cell = end-to-end speedup per generated token (the median of
+  per-request ratios, speed.py), its order-statistic interval, and retention; then mean tau and the
+  overall end-to-end and decode speedups (geometric means over the tasks). A group cell pools its
+  tasks' requests (the median of all their ratios, with its interval) and shows the LOWEST retention
+  of its tasks. A speedup whose interval holds 1.0 reads "≈1 (1.02x)": no clear difference, neither
+  a gain nor a loss; one without an interval (under 6 requests) "(1.10x) too few requests".
+- breakdown_cells(): mean milliseconds per request in each phase, per leaderboard column and method,
+  over the requests the speedups use, with the baseline arms those speedups compare with beside it.
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ CELL_CHARS = 16
 METHOD_CHARS = 24
 GROUPS = ("short videos", "long videos", "multiple choice")
 PHASES = ("preprocess", "target prefill", "draft preparation", "pruning", "decode", "other")
+TOO_FEW = "too few requests"  # judges.stats.SpeedupInterval.verdict without an interval
+PAIRED_KEY = "e2e_paired_s_per_token"  # a row's [[baseline, method] seconds per generated token] per request
 
 
 def _finite(x) -> bool:
@@ -70,11 +74,14 @@ def phase_seconds(rec: Mapping) -> dict[str, float]:
 
 
 def breakdown_fields(records: list[Mapping]) -> dict | None:
-    """Mean seconds per sample in each phase (and end to end) over the method's timed records."""
+    """Mean seconds per sample in each phase (and end to end) over the given timed records, their
+    mean generated tokens ("new_tokens") and their number ("n", to pool rows by)."""
     if not records:
         return None
     per = [phase_seconds(r) for r in records]
-    return {k: sum(p[k] for p in per) / len(per) for k in (*PHASES, "e2e")}
+    out = {k: sum(p[k] for p in per) / len(per) for k in (*PHASES, "e2e")}
+    tokens = [max(1.0, float(r.get("num_new_tokens") or 0)) for r in records]
+    return {**out, "new_tokens": sum(tokens) / len(tokens), "n": len(records)}
 
 
 # ---------------------------------------------------------------------------------- task groups
@@ -143,14 +150,17 @@ def clearly_faster(row: dict) -> bool:
     return verdict == "faster" if verdict is not None else True
 
 
-def speed_text(speed, ci) -> str:
-    """'1.46x [1.310, 1.620]', or '≈1 (1.02x) [0.910, 1.130]' when the interval holds 1.0."""
-    return " ".join(speed_lines(speed, ci))
+def speed_text(speed, ci, verdict: str | None = None) -> str:
+    """'1.46x [1.310, 1.620]', '≈1 (1.02x) [0.910, 1.130]' when the interval holds 1.0, '(1.10x) too few
+    requests' when there is no interval."""
+    return " ".join(speed_lines(speed, ci, verdict))
 
 
-def speed_lines(speed, ci) -> list[str]:
+def speed_lines(speed, ci, verdict: str | None = None) -> list[str]:
     """A speedup and its interval as one or two short lines (a leaderboard cell's)."""
     lo, hi = ci or (None, None)
+    if verdict == TOO_FEW and _finite(speed):  # a point estimate alone says neither faster nor slower
+        return [f"({_x(speed)})", TOO_FEW]
     if not (_finite(lo) and _finite(hi)) or lo == hi == 1.0:  # no interval, or the baseline against itself
         return [_x(speed)]
     first = _x(speed) if lo > 1.0 or hi < 1.0 else f"≈1 ({_x(speed)})"
@@ -171,7 +181,7 @@ def recommend_cells(picks: list[dict]) -> list[list[str]]:
 
 
 def _row_speed(row: dict, figure: str) -> str:
-    return speed_text(row.get(f"{figure}_speedup"), row.get(f"{figure}_speedup_ci"))
+    return speed_text(row.get(f"{figure}_speedup"), row.get(f"{figure}_speedup_ci"), row.get(f"{figure}_verdict"))
 
 
 def problems(rows: list[dict], baseline: str) -> list[str]:
@@ -193,32 +203,32 @@ def problems(rows: list[dict], baseline: str) -> list[str]:
 # -------------------------------------------------------------------------------- leaderboard
 
 
-def pooled_speedup(task_rows: list[dict], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0) -> tuple:
-    """(speedup, [lo, hi]) of some tasks' rows of one method: one row's own figures; several rows'
-    requests pooled (the median of all their paired ratios, with its interval); rows without their
-    requests' seconds (older summaries): the geometric mean of their speedups, no interval."""
+def pooled_speedup(task_rows: list[dict], alpha: float = 0.05) -> tuple:
+    """(speedup, [lo, hi], verdict) of some tasks' rows of one method: one row's own figures; several
+    rows' requests pooled (the median of all their paired ratios of seconds per generated token, with
+    its interval); rows without their requests' figures (older summaries): the geometric mean of
+    their speedups, no interval."""
     if len(task_rows) == 1:
-        return task_rows[0].get("e2e_speedup"), task_rows[0].get("e2e_speedup_ci")
-    if not all(r.get("e2e_paired_s") for r in task_rows):
-        return geomean(r.get("e2e_speedup") for r in task_rows), None
-    pairs = [p for r in task_rows for p in r["e2e_paired_s"]]
-    s = stats.speedup_interval([v for v, _ in pairs], [m for _, m in pairs], n_boot=n_boot, alpha=alpha, seed=seed)
-    return s.median, [s.lo, s.hi]
+        r = task_rows[0]
+        return r.get("e2e_speedup"), r.get("e2e_speedup_ci"), r.get("e2e_verdict")
+    if not all(r.get(PAIRED_KEY) for r in task_rows):
+        return geomean(r.get("e2e_speedup") for r in task_rows), None, None
+    pairs = [p for r in task_rows for p in r[PAIRED_KEY]]
+    s = stats.speedup_interval([v for v, _ in pairs], [m for _, m in pairs], alpha=alpha)
+    return s.median, [s.lo, s.hi], s.verdict
 
 
-def _cell(task_rows: list[dict], boot: dict) -> str:
+def _cell(task_rows: list[dict], alpha: float, is_baseline: bool = False) -> str:
     if not task_rows:
         return "-"
-    speed = speed_lines(*pooled_speedup(task_rows, **boot))
+    speed = ["1.00x"] if is_baseline else speed_lines(*pooled_speedup(task_rows, alpha))  # against itself: exactly 1
     retention = min((r["retention"] for r in task_rows if _finite(r.get("retention"))), default=float("nan"))
     return "\n".join([*speed, f"ret {_f(retention)}"])
 
 
-def leaderboard(rows: list[dict], baseline: str, n_boot: int = 2000, alpha: float = 0.05,
-                seed: int = 0) -> tuple[list[str], list[list[str]]]:
+def leaderboard(rows: list[dict], baseline: str, alpha: float = 0.05) -> tuple[list[str], list[list[str]]]:
     """(headers, cells): methods as rows, task (group) columns, then tau and the overall speedups.
-    n_boot, alpha, seed: the bootstrap of a group's pooled requests (the report's own)."""
-    boot = {"n_boot": n_boot, "alpha": alpha, "seed": seed}
+    alpha: the interval of a group's pooled requests (the report's own)."""
     cols = columns(rows, baseline)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     headers = ["method", *cols, "tau", "e2e overall", "decode overall"]
@@ -226,7 +236,7 @@ def leaderboard(rows: list[dict], baseline: str, n_boot: int = 2000, alpha: floa
     for m in methods:
         mine = [r for r in rows if r["method"] == m]
         tau = [r["tau"] for r in mine if _finite(r.get("tau"))]
-        cells.append([m, *(_cell([r for r in mine if r["task"] in tasks], boot) for tasks in cols.values()),
+        cells.append([m, *(_cell([r for r in mine if r["task"] in tasks], alpha, m == baseline) for tasks in cols.values()),
                       _f(sum(tau) / len(tau), ".2f") if tau else "-",
                       _x(geomean(r.get("e2e_speedup") for r in mine)), _x(geomean(r.get("decode_speedup") for r in mine))])
     return headers, cells
@@ -245,17 +255,43 @@ def overall(rows: list[dict]) -> dict[str, dict]:
 # ---------------------------------------------------------------------------------- breakdown
 
 
-BREAKDOWN_HEADERS = ["tasks", "method", *(f"{p} ms" for p in PHASES), "e2e ms"]
+BREAKDOWN_HEADERS = ["tasks", "method", "requests (cold)", *(f"{p} ms" for p in PHASES), "e2e ms", "ms/token",
+                     "baseline ms/token"]
+
+
+def pooled_breakdown(parts: list[dict]) -> dict:
+    """Several rows' breakdowns as one: means over all their requests (each row weighs its n)."""
+    n = sum(p.get("n", 1) for p in parts)
+    out = {k: sum(p[k] * p.get("n", 1) for p in parts) / n for k in (*PHASES, "e2e")}
+    if all("new_tokens" in p for p in parts):
+        out["new_tokens"] = sum(p["new_tokens"] * p.get("n", 1) for p in parts) / n
+    return out
+
+
+def ms_per_token(part: dict | None) -> float:
+    """Mean end-to-end milliseconds per generated token of a (pooled) breakdown: summed seconds / summed tokens."""
+    return 1000 * part["e2e"] / part["new_tokens"] if part and part.get("new_tokens") else float("nan")
 
 
 def breakdown_cells(rows: list[dict], baseline: str) -> list[list[str]]:
-    """Mean ms per sample, per column of the leaderboard (task or group) and method."""
+    """Mean ms per sample, per column of the leaderboard (task or group) and method, over the requests
+    its speedups use (cold starts apart), and beside it the baseline arms those speedups compare with
+    (the paired vanilla decodes where timing was paired): baseline ms/token over ms/token is the row's
+    summed per-token speedup, so this table and the leaderboard tell one story."""
     out = []
     for name, tasks in columns(rows, baseline).items():
+        cell_rows = [r for r in rows if r["task"] in tasks]
+        paired = any(r.get("timing") in ("paired", "mixed") for r in cell_rows)
         for m in dict.fromkeys(r["method"] for r in rows):
-            parts = [r["time_breakdown"] for r in rows if r["method"] == m and r["task"] in tasks
-                     and r.get("time_breakdown")]
-            if parts:
-                mean = {k: sum(p[k] for p in parts) / len(parts) for k in (*PHASES, "e2e")}
-                out.append([name, m, *(f"{1000 * mean[k]:.1f}" for k in (*PHASES, "e2e"))])
+            mine = [r for r in cell_rows if r["method"] == m and r.get("time_breakdown")]
+            if not mine:
+                continue
+            mean = pooled_breakdown([r["time_breakdown"] for r in mine])
+            base = [r.get("baseline_time_breakdown") for r in mine]
+            base_ms = ms_per_token(pooled_breakdown(base)) if all(base) else float("nan")
+            label = f"{m} (own run)" if m == baseline and paired else m
+            timed = sum(r["time_breakdown"].get("n", 0) for r in mine)
+            cold = sum(r.get("cold_starts") or 0 for r in mine)
+            out.append([name, label, f"{timed} ({cold})", *(f"{1000 * mean[k]:.1f}" for k in (*PHASES, "e2e")),
+                        _f(ms_per_token(mean), ".2f"), _f(base_ms, ".2f")])
     return out

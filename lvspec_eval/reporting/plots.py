@@ -245,7 +245,8 @@ def binned_speedup(
     start-up, not how speed scales with length (a record without the field is kept). With at most
     `max_distinct` distinct counts (the demo's tasks, each at one length) every count is its own
     point at that count; with more (real benchmarks) the bins are `num_bins` quantiles, so each
-    holds about as many samples, placed at their median count. Speedup is a ratio of summed times.
+    holds about as many samples, placed at their median count. Speedup is a ratio of summed times
+    per generated token (summed seconds over summed tokens), as the report's.
     """
     pairs = [(m, v) for m, v in pairs if on_length_curve(v, min_new_tokens)]
     if not pairs:
@@ -262,10 +263,17 @@ def binned_speedup(
         sel = [p for p, w in zip(pairs, which) if w == b]
         method_s = sum(float(m["decode_s"]) for m, _ in sel)
         if method_s > 0:
-            out.append(
-                (float(np.median(visual[which == b])), sum(float(v["decode_s"]) for _, v in sel) / method_s, len(sel))
-            )
+            vanilla_s = sum(float(v["decode_s"]) for _, v in sel)
+            out.append((float(np.median(visual[which == b])), vanilla_s / method_s * _length_factor(sel), len(sel)))
     return out
+
+
+def _length_factor(pairs: list[RecordPair]) -> float:
+    """method tokens / vanilla tokens, summed: turns a ratio of summed seconds into one of seconds per
+    generated token (the report's definition of speed); 1 where a record lacks the count."""
+    if not all(m.get("num_new_tokens") and v.get("num_new_tokens") for m, v in pairs):
+        return 1.0
+    return sum(float(m["num_new_tokens"]) for m, _ in pairs) / sum(float(v["num_new_tokens"]) for _, v in pairs)
 
 
 def baseline_quality_by_visual_tokens(data: PlotInput) -> dict[float, tuple[str, float]]:
@@ -314,7 +322,7 @@ def speedup_vs_visual_tokens(data: PlotInput) -> list[Plot]:
     caption = (
         "Decode speedup over vanilla against the number of visual tokens (log scale), all tasks pooled: one point "
         f"per distinct count (quantile bins when there are more than {MAX_DISTINCT_COUNTS}), each a ratio of summed "
-        f"decode times; samples whose vanilla answer has fewer than {MIN_NEW_TOKENS} tokens are left out. Under "
+        f"decode times per generated token; samples whose vanilla answer has fewer than {MIN_NEW_TOKENS} tokens are left out. Under "
         "each length that one task holds alone: the baseline's quality there."
     )
     return [Plot("speedup_vs_visual_tokens", path, caption)]
