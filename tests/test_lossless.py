@@ -28,6 +28,7 @@ TREES = {
     "static": {"tree": "static", "tree_static": "specvlm26"},
     "chain": {"tree": "chain", "tree_depth": 4},
     "adaptive": {"tree": "adaptive", "tree_depth": 6},
+    "sage": {"tree": "sage"},  # SAGE's own settings (D_max 8, W_max 10, 64 nodes)
 }
 METHODS = ("sd_tree", "specvlm")
 DRAFTS = ("std", "self")  # std: the family's separate small draft; self: draft=None (the target)
@@ -72,6 +73,7 @@ FAST = [
         (0, "sd_tree", "std", "dynamic"), (1, "sd_tree", "std", "static"), (2, "sd_tree", "self", "chain"),
         (3, "specvlm", "std", "chain"), (4, "specvlm", "self", "dynamic"), (7, "specvlm", "self", "static"),
         (5, "sd_tree", "std", "adaptive"), (6, "specvlm", "self", "adaptive"),
+        (8, "sage", "std", "sage"), (9, "sage", "self", "sage"), (15, "sd_tree", "self", "sage"),
     ]
 ]
 # Every combination, two more seeds each (48 cases).

@@ -7,6 +7,7 @@
     mtp      = the checkpoint's MTP layer + exact (Qwen3.5's own multi-token prediction)
     fly      = pruned model drafter  + fly       (section 5; chain drafts)
     lvspec   = pruned model drafter  + lvspec    (section 6)
+    sage     = pruned model drafter  + exact, tree=sage (SAGE's entropy-driven tree: sage_tree.py)
     custom   = drafter=<name>, verifier=<name>   (any combination)
 
 A new method is a new drafter or verifier registered below plus one line in METHODS.
@@ -41,6 +42,7 @@ METHODS: dict[str, MethodSpec] = {
     "mtp": MethodSpec("mtp", "exact"),
     "fly": MethodSpec("pruned", "fly", {"tree_depth": 15}),  # FLy's public chain length k, as the cap
     "lvspec": MethodSpec("pruned", "lvspec"),
+    "sage": MethodSpec("pruned", "exact", {"tree": "sage"}),  # SpecVLM's pruned draft, SAGE's entropy-driven tree
 }
 LOSSLESS_VERIFIERS = ("exact",)
 
@@ -49,14 +51,15 @@ LOSSLESS_VERIFIERS = ("exact",)
 # every earlier figure was measured with; adaptive's are caps, wide enough for a GPU, where a
 # 64-node verification costs about one target step (the policy measures and stays narrow on a CPU).
 DRAFT_PREPARE = ("eager", "lazy")
-TREE_DEFAULTS = {"adaptive": (12, 8, 64), "dynamic": (8, 4, 16), "chain": (8, 1, 8), "static": (5, 4, 25)}
+TREE_DEFAULTS = {"adaptive": (12, 8, 64), "dynamic": (8, 4, 16), "chain": (8, 1, 8), "static": (5, 4, 25),
+                 "sage": (8, 10, 64)}  # SAGE: D_max 8, W_max 10, 64 nodes (its section 5.1)
 
 
 @dataclass
 class DecodeOptions:
     """Every decoding knob a user can set through model_args, with its default."""
 
-    tree: str = "adaptive"  # adaptive | dynamic | static | chain
+    tree: str = "adaptive"  # adaptive | dynamic | static | chain | sage
     # None: the kind's own default (TREE_DEFAULTS). For adaptive they are caps on what the policy picks.
     tree_depth: int | None = None
     tree_topk: int | None = None
