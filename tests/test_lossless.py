@@ -29,6 +29,8 @@ TREES = {
     "chain": {"tree": "chain", "tree_depth": 4},
     "adaptive": {"tree": "adaptive", "tree_depth": 6},
     "sage": {"tree": "sage"},  # SAGE's own settings (D_max 8, W_max 10, 64 nodes)
+    # SpecVLM's pruning with UV-Prune's scores (hidden states, no attention maps)
+    "uv": {"tree": "dynamic", "tree_depth": 4, "tree_topk": 4, "tree_total": 12, "prune_scorer": "uv"},
 }
 METHODS = ("sd_tree", "specvlm")
 DRAFTS = ("std", "self")  # std: the family's separate small draft; self: draft=None (the target)
@@ -74,6 +76,7 @@ FAST = [
         (3, "specvlm", "std", "chain"), (4, "specvlm", "self", "dynamic"), (7, "specvlm", "self", "static"),
         (5, "sd_tree", "std", "adaptive"), (6, "specvlm", "self", "adaptive"),
         (8, "sage", "std", "sage"), (9, "sage", "self", "sage"), (15, "sd_tree", "self", "sage"),
+        (10, "specvlm", "std", "uv"), (12, "specvlm", "self", "uv"), (13, "sage", "self", "uv"),
     ]
 ]
 # Every combination, two more seeds each (48 cases).

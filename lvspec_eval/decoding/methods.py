@@ -67,6 +67,8 @@ class DecodeOptions:
     tree_static: str = "specvlm26"
     prune_ratio: float = 0.9
     prune_lambda: float = 0.4
+    prune_scorer: str = "attention"  # attention (SpecVLM's) | uv (UV-Prune: decoding/uv_prune.py)
+    prune_uv_layers: str | None = None  # uv: "l1:l2" (1-based decoder layers); None: 1 and max(2, L/4)
     # eager: prepare the draft (pruning, its vision tower, its prefill) right after the target's
     # prefill, every request; lazy: on the first step that drafts (the adaptive policy's choice,
     # weighing what preparing costs; a fixed tree's first step), never for a one-token answer.
@@ -95,7 +97,15 @@ class DecodeOptions:
         return TreeConfig(self.tree, depth, topk, total, self.tree_static)
 
     def prune_config(self) -> PruneConfig:
-        return PruneConfig(self.prune_ratio, self.prune_lambda)
+        layers = None
+        if self.prune_uv_layers is not None:
+            try:
+                layers = tuple(int(x) for x in str(self.prune_uv_layers).split(":"))
+            except ValueError:
+                layers = ()
+            if len(layers) != 2:
+                raise ValueError(f"prune_uv_layers={self.prune_uv_layers!r}; expected two layer numbers as l1:l2, e.g. 1:7")
+        return PruneConfig(self.prune_ratio, self.prune_lambda, self.prune_scorer, layers)
 
 
 # name -> factory(options, draft_backend, target_backend); draft_backend None means the target
