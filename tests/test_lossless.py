@@ -28,6 +28,7 @@ TREES = {
     "static": {"tree": "static", "tree_static": "specvlm26"},
     "chain": {"tree": "chain", "tree_depth": 4},
     "adaptive": {"tree": "adaptive", "tree_depth": 6},
+    "std": {"tree": "chain", "tree_depth": 9, "std_keep": 0.25},  # Sparse-to-Dense's chain of 9
     "sage": {"tree": "sage"},  # SAGE's own settings (D_max 8, W_max 10, 64 nodes)
     # SpecVLM's pruning with UV-Prune's scores (hidden states, no attention maps)
     "uv": {"tree": "dynamic", "tree_depth": 4, "tree_topk": 4, "tree_total": 12, "prune_scorer": "uv"},
@@ -77,6 +78,7 @@ FAST = [
         (5, "sd_tree", "std", "adaptive"), (6, "specvlm", "self", "adaptive"),
         (8, "sage", "std", "sage"), (9, "sage", "self", "sage"), (15, "sd_tree", "self", "sage"),
         (10, "specvlm", "std", "uv"), (12, "specvlm", "self", "uv"), (13, "sage", "self", "uv"),
+        (14, "std", None, "std"), (16, "std", None, "sage"), (23, "std", None, "std"),
     ]
 ]
 # Every combination, two more seeds each (48 cases).
@@ -206,3 +208,14 @@ def test_a_draft_prepared_late_stays_lossless(family, make_case, method, draft, 
         # the adaptive policy measured plain steps meanwhile, so it probes (and prepares) at LATE too
         assert at == LATE, (at, out.stats.num_new_tokens)
         assert out.stats.draft_prepare_s > 0 and max(s.num_draft_nodes for s in out.stats.steps) > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES, indirect=True)
+def test_std_over_its_whole_cache_accepts_everything(family, make_case):
+    """Sparse-to-Dense keeping every video entry (std_keep=1.0): the view is the target's own cache,
+    so the target drafts its own greedy tokens and every step accepts the whole chain of 9 (the
+    view's gathering, its growth with committed entries and the drafted positions are all exact)."""
+    seed = 11
+    out = _generate(family, "std", None, {"std_keep": 1.0}, _case(family, make_case, seed), MAX_NEW_TOKENS)
+    assert out.tokens == _vanilla(family, make_case, seed)
+    assert out.stats.steps and all(s.num_accepted == 9 for s in out.stats.steps)

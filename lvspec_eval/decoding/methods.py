@@ -8,6 +8,7 @@
     fly      = pruned model drafter  + fly       (section 5; chain drafts)
     lvspec   = pruned model drafter  + lvspec    (section 6)
     sage     = pruned model drafter  + exact, tree=sage (SAGE's entropy-driven tree: sage_tree.py)
+    std      = the target over a sparse view of its own KV cache + exact (Sparse-to-Dense; chain of 9)
     custom   = drafter=<name>, verifier=<name>   (any combination)
 
 A new method is a new drafter or verifier registered below plus one line in METHODS.
@@ -18,7 +19,7 @@ import difflib
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
-from .drafters import mtp, sparrow
+from .drafters import mtp, sparrow, sparse_view
 from .drafters.model import ModelDrafter, NoDrafter
 from .pruning import PruneConfig
 from .tree import TreeConfig
@@ -43,6 +44,7 @@ METHODS: dict[str, MethodSpec] = {
     "fly": MethodSpec("pruned", "fly", {"tree_depth": 15}),  # FLy's public chain length k, as the cap
     "lvspec": MethodSpec("pruned", "lvspec"),
     "sage": MethodSpec("pruned", "exact", {"tree": "sage"}),  # SpecVLM's pruned draft, SAGE's entropy-driven tree
+    "std": MethodSpec("sparse_view", "exact", {"tree": "chain", "tree_depth": 9}),  # Sparse-to-Dense: chain of 9
 }
 LOSSLESS_VERIFIERS = ("exact",)
 
@@ -68,6 +70,11 @@ class DecodeOptions:
     prune_ratio: float = 0.9
     prune_lambda: float = 0.4
     prune_scorer: str = "attention"  # attention (SpecVLM's) | uv (UV-Prune: decoding/uv_prune.py)
+    # std (Sparse-to-Dense): video entries kept per layer and KV head in the draft's sparse view of the
+    # target's cache: a share of the video tokens (<= 1) or a count (> 1); std_budget: StD's K + m_t
+    # (entries per layer, 1024 in the paper), which sets K instead when given
+    std_keep: float = 0.1
+    std_budget: int | None = None
     prune_uv_layers: str | None = None  # uv: "l1:l2" (1-based decoder layers); None: 1 and max(2, L/4)
     # eager: prepare the draft (pruning, its vision tower, its prefill) right after the target's
     # prefill, every request; lazy: on the first step that drafts (the adaptive policy's choice,
@@ -118,6 +125,7 @@ DRAFTERS: dict[str, Callable] = {
                                                        eager=opts.eager_draft(), target=target),
     "sparrow": sparrow.build_drafter,
     "mtp": mtp.build_drafter,
+    "sparse_view": sparse_view.build_drafter,  # the target over a sparse view of its own cache (StD)
 }
 # name -> factory(options)
 VERIFIERS: dict[str, Callable] = {
