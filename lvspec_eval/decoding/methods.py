@@ -185,3 +185,17 @@ def build(spec: MethodSpec, options: DecodeOptions, draft_backend=None, target_b
 
 def is_lossless(spec: MethodSpec) -> bool:
     return spec.verifier in LOSSLESS_VERIFIERS
+
+
+def describe(spec: MethodSpec, options: DecodeOptions) -> str:
+    """One line: drafter (with its pruning or sparse view), verifier, tree, and whether it is lossless
+    (dry-run prints it, so a run's composition is visible before it starts)."""
+    drafter = spec.drafter
+    if spec.drafter == "pruned":
+        drafter += f" (drops {options.prune_ratio:.0%} of the video, scorer {options.prune_scorer})"
+    elif spec.drafter == "sparse_view":
+        keep = options.std_budget and f"K + text = {options.std_budget}" or f"std_keep {options.std_keep:g}"
+        drafter += f" (the target over a sparse view of its cache: {keep} per layer)"
+    tree = options.tree_config()
+    return (f"drafter {drafter} + verifier {spec.verifier}, {tree!r}; "
+            f"{'lossless (exact verification)' if is_lossless(spec) else 'lossy'}")

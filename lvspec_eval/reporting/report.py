@@ -116,7 +116,7 @@ log = logging.getLogger(__name__)
 # build_report collects the warnings of every module of the package (loading, plots...) into summary.json
 PACKAGE_LOG = logging.getLogger(__name__.rpartition(".")[0])
 
-METHOD_ORDER = ("vanilla", "sd_tree", "specvlm", "sparrow", "mtp", "fly", "lvspec")
+METHOD_ORDER = ("vanilla", "sd_tree", "specvlm", "sage", "std", "sparrow", "mtp", "fly", "lvspec")
 REPORTED_MARGINS = (0.01, 0.02)
 # keys lmms-eval writes into every logged sample besides the metrics
 LOGGED_SAMPLE_KEYS = ("doc_id", "target", "resps", "filtered_resps", "doc_hash", "input", "token_counts", "input_media")
