@@ -219,3 +219,13 @@ def test_std_over_its_whole_cache_accepts_everything(family, make_case):
     out = _generate(family, "std", None, {"std_keep": 1.0}, _case(family, make_case, seed), MAX_NEW_TOKENS)
     assert out.tokens == _vanilla(family, make_case, seed)
     assert out.stats.steps and all(s.num_accepted == 9 for s in out.stats.steps)
+
+
+@pytest.mark.parametrize("family", FAMILIES, indirect=True)
+def test_sage_tree_with_a_sparrow_head_is_lossless(family, make_case, tmp_path_factory):
+    """tree=sage is a tree kind every drafter grows: Sparrow's head (no visual KV) included."""
+    options = {"tree": "sage", "sparrow_head": _sparrow_head(family, tmp_path_factory)}
+    for seed in (41, 47):  # 47: no video
+        out = _generate(family, "sparrow", None, options, _case(family, make_case, seed), MAX_NEW_TOKENS)
+        assert out.tokens == _vanilla(family, make_case, seed), (family.name, seed)
+        assert max(s.num_draft_nodes for s in out.stats.steps) > 1
