@@ -74,7 +74,7 @@ def test_growth_counts_expansion_and_visibility():
     # depth 2: node 0 (P 0.6) gets round(2 / 2 x 1.1) = 1 child, node 1 (P 0.3) round(0.8) = 1
     assert draft.tokens[3:5].tolist() == [7, 7] and draft.parents[3:5].tolist() == [0, 1]
     # depth 2 threshold 0.2 / 3: paths 0.54 and 0.27 both grow; each fed node sees its parent
-    tokens, visible, parent_rows, depth = calls[1]
+    _, visible, parent_rows, depth = calls[1]
     assert parent_rows == [0, 1] and depth == 2
     assert visible.tolist() == [[True, False, True, False], [False, True, False, True]]
     assert draft.tokens[5:].tolist() == [8, 8] and draft.parents[5:].tolist() == [3, 4]

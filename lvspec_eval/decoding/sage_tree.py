@@ -53,7 +53,7 @@ def confidence(logits: torch.Tensor, k: int) -> float:
 
 
 def _round(x: float) -> int:
-    return int(math.floor(x + 0.5))  # half up (Python's round goes to even)
+    return math.floor(x + 0.5)  # half up (Python's round goes to even)
 
 
 class SageTree:
@@ -145,6 +145,6 @@ def _draft(tokens: list[int], parents: list[int], lps: list[float], device, plan
         depth[i] = 1 + (depth[p] if p >= 0 else 0)
     if plan is not None:
         plan["nodes"] = len(tokens)
-    as_long = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
-    return Draft(tokens=as_long(tokens), parents=as_long(parents), scores=torch.tensor(scores, device=device),
+    return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+                 parents=torch.tensor(parents, dtype=torch.long, device=device), scores=torch.tensor(scores, device=device),
                  probs=torch.tensor(lps, device=device).exp(), depth=max(depth, default=0), plan=plan)
