@@ -3,7 +3,10 @@
 Modelled on transformers' test_assisted_decoding_matches_greedy_search: random prompts and videos
 (random frame counts and sizes, some without a video), every tiny family, SD-Tree and SpecVLM
 with a separate random draft (Std-SD: low acceptance, same output) and with the target drafting
-for itself (Self-SD; SpecVLM's on the pruned video), over dynamic, static and chain trees.
+for itself (Self-SD; SpecVLM's on the pruned video), over dynamic, static and chain trees; SAGE
+(`sage`: the pruned draft with SAGE's entropy-driven tree, also grown by the target and Sparrow's head),
+Sparse-to-Dense (`std`: the target over a sparse view of its own cache) and UV-Prune's scores
+(`prune_scorer=uv`) likewise.
 Also: vanilla equals HF `generate`, and the target drafting on the full video accepts every
 draft token. The fast cases cover each method x draft x tree once per family or more; the slow
 ones (`-m slow`) sweep every combination with more seeds and a hypothesis search.
@@ -33,7 +36,7 @@ TREES = {
     # SpecVLM's pruning with UV-Prune's scores (hidden states, no attention maps)
     "uv": {"tree": "dynamic", "tree_depth": 4, "tree_topk": 4, "tree_total": 12, "prune_scorer": "uv"},
 }
-METHODS = ("sd_tree", "specvlm")
+METHODS = ("sd_tree", "specvlm", "sage", "std")  # std ignores the draft: the target drafts over its own cache
 DRAFTS = ("std", "self")  # std: the family's separate small draft; self: draft=None (the target)
 FAMILIES = ("qwen2_5_vl", "llava_onevision", "qwen3_vl", "qwen3_5")
 
