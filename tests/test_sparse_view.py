@@ -37,6 +37,9 @@ def test_k_from_share_count_or_budget():
     assert SparseViewDrafter(tree, budget=100).num_kept(200, 30) == 70  # StD's K + m_t = budget
     with pytest.raises(ValueError, match="std_keep"):
         SparseViewDrafter(tree, keep=0)
+    for bad in ({"std_keep": 0}, {"std_budget": 0}):  # refused with the model_args, before any model loads
+        with pytest.raises(ValueError, match="std_"):
+            methods.make_options(methods.resolve("std"), bad)
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_5"], indirect=True)

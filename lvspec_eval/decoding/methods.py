@@ -88,6 +88,10 @@ class DecodeOptions:
         return {f.name for f in fields(cls)} - {"extra"}
 
     def __post_init__(self):
+        if self.std_keep <= 0:
+            raise ValueError(f"std_keep={self.std_keep} must be > 0 (a share of the video tokens up to 1, a count above 1)")
+        if self.std_budget is not None and self.std_budget < 1:
+            raise ValueError(f"std_budget={self.std_budget} must be >= 1 (entries per layer, K + text)")
         if self.draft_prepare not in (None, *DRAFT_PREPARE):
             raise ValueError(f"draft_prepare={self.draft_prepare!r}; expected one of {', '.join(DRAFT_PREPARE)}")
 
