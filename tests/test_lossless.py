@@ -3,7 +3,10 @@
 Modelled on transformers' test_assisted_decoding_matches_greedy_search: random prompts and videos
 (random frame counts and sizes, some without a video), every tiny family, SD-Tree and SpecVLM
 with a separate random draft (Std-SD: low acceptance, same output) and with the target drafting
-for itself (Self-SD; SpecVLM's on the pruned video), over dynamic, static and chain trees.
+for itself (Self-SD; SpecVLM's on the pruned video), over dynamic, static and chain trees; SAGE
+(`sage`: the pruned draft with SAGE's entropy-driven tree, also grown by the target and Sparrow's head),
+Sparse-to-Dense (`std`: the target over a sparse view of its own cache) and UV-Prune's scores
+(`prune_scorer=uv`) likewise.
 Also: vanilla equals HF `generate`, and the target drafting on the full video accepts every
 draft token. The fast cases cover each method x draft x tree once per family or more; the slow
 ones (`-m slow`) sweep every combination with more seeds and a hypothesis search.
@@ -28,8 +31,12 @@ TREES = {
     "static": {"tree": "static", "tree_static": "specvlm26"},
     "chain": {"tree": "chain", "tree_depth": 4},
     "adaptive": {"tree": "adaptive", "tree_depth": 6},
+    "std": {"tree": "chain", "tree_depth": 9, "std_keep": 0.25},  # Sparse-to-Dense's chain of 9
+    "sage": {"tree": "sage"},  # SAGE's own settings (D_max 8, W_max 10, 64 nodes)
+    # SpecVLM's pruning with UV-Prune's scores (hidden states, no attention maps)
+    "uv": {"tree": "dynamic", "tree_depth": 4, "tree_topk": 4, "tree_total": 12, "prune_scorer": "uv"},
 }
-METHODS = ("sd_tree", "specvlm")
+METHODS = ("sd_tree", "specvlm", "sage", "std")  # std ignores the draft: the target drafts over its own cache
 DRAFTS = ("std", "self")  # std: the family's separate small draft; self: draft=None (the target)
 FAMILIES = ("qwen2_5_vl", "llava_onevision", "qwen3_vl", "qwen3_5")
 
@@ -72,6 +79,9 @@ FAST = [
         (0, "sd_tree", "std", "dynamic"), (1, "sd_tree", "std", "static"), (2, "sd_tree", "self", "chain"),
         (3, "specvlm", "std", "chain"), (4, "specvlm", "self", "dynamic"), (7, "specvlm", "self", "static"),
         (5, "sd_tree", "std", "adaptive"), (6, "specvlm", "self", "adaptive"),
+        (8, "sage", "std", "sage"), (9, "sage", "self", "sage"), (15, "sd_tree", "self", "sage"),
+        (10, "specvlm", "std", "uv"), (12, "specvlm", "self", "uv"), (13, "sage", "self", "uv"),
+        (14, "std", None, "std"), (16, "std", None, "sage"), (23, "std", None, "std"),
     ]
 ]
 # Every combination, two more seeds each (48 cases).
@@ -201,3 +211,24 @@ def test_a_draft_prepared_late_stays_lossless(family, make_case, method, draft, 
         # the adaptive policy measured plain steps meanwhile, so it probes (and prepares) at LATE too
         assert at == LATE, (at, out.stats.num_new_tokens)
         assert out.stats.draft_prepare_s > 0 and max(s.num_draft_nodes for s in out.stats.steps) > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES, indirect=True)
+def test_std_over_its_whole_cache_accepts_everything(family, make_case):
+    """Sparse-to-Dense keeping every video entry (std_keep=1.0): the view is the target's own cache,
+    so the target drafts its own greedy tokens and every step accepts the whole chain of 9 (the
+    view's gathering, its growth with committed entries and the drafted positions are all exact)."""
+    seed = 11
+    out = _generate(family, "std", None, {"std_keep": 1.0}, _case(family, make_case, seed), MAX_NEW_TOKENS)
+    assert out.tokens == _vanilla(family, make_case, seed)
+    assert out.stats.steps and all(s.num_accepted == 9 for s in out.stats.steps)
+
+
+@pytest.mark.parametrize("family", FAMILIES, indirect=True)
+def test_sage_tree_with_a_sparrow_head_is_lossless(family, make_case, tmp_path_factory):
+    """tree=sage is a tree kind every drafter grows: Sparrow's head (no visual KV) included."""
+    options = {"tree": "sage", "sparrow_head": _sparrow_head(family, tmp_path_factory)}
+    for seed in (41, 47):  # 47: no video
+        out = _generate(family, "sparrow", None, options, _case(family, make_case, seed), MAX_NEW_TOKENS)
+        assert out.tokens == _vanilla(family, make_case, seed), (family.name, seed)
+        assert max(s.num_draft_nodes for s in out.stats.steps) > 1

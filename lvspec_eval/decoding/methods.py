@@ -7,6 +7,8 @@
     mtp      = the checkpoint's MTP layer + exact (Qwen3.5's own multi-token prediction)
     fly      = pruned model drafter  + fly       (section 5; chain drafts)
     lvspec   = pruned model drafter  + lvspec    (section 6)
+    sage     = pruned model drafter  + exact, tree=sage (SAGE's entropy-driven tree: sage_tree.py)
+    std      = the target over a sparse view of its own KV cache + exact (Sparse-to-Dense; chain of 9)
     custom   = drafter=<name>, verifier=<name>   (any combination)
 
 A new method is a new drafter or verifier registered below plus one line in METHODS.
@@ -17,7 +19,7 @@ import difflib
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
-from .drafters import mtp, sparrow
+from .drafters import mtp, sparrow, sparse_view
 from .drafters.model import ModelDrafter, NoDrafter
 from .pruning import PruneConfig
 from .tree import TreeConfig
@@ -41,6 +43,8 @@ METHODS: dict[str, MethodSpec] = {
     "mtp": MethodSpec("mtp", "exact"),
     "fly": MethodSpec("pruned", "fly", {"tree_depth": 15}),  # FLy's public chain length k, as the cap
     "lvspec": MethodSpec("pruned", "lvspec"),
+    "sage": MethodSpec("pruned", "exact", {"tree": "sage"}),  # SpecVLM's pruned draft, SAGE's entropy-driven tree
+    "std": MethodSpec("sparse_view", "exact", {"tree": "chain", "tree_depth": 9}),  # Sparse-to-Dense: chain of 9
 }
 LOSSLESS_VERIFIERS = ("exact",)
 
@@ -49,14 +53,15 @@ LOSSLESS_VERIFIERS = ("exact",)
 # every earlier figure was measured with; adaptive's are caps, wide enough for a GPU, where a
 # 64-node verification costs about one target step (the policy measures and stays narrow on a CPU).
 DRAFT_PREPARE = ("eager", "lazy")
-TREE_DEFAULTS = {"adaptive": (12, 8, 64), "dynamic": (8, 4, 16), "chain": (8, 1, 8), "static": (5, 4, 25)}
+TREE_DEFAULTS = {"adaptive": (12, 8, 64), "dynamic": (8, 4, 16), "chain": (8, 1, 8), "static": (5, 4, 25),
+                 "sage": (8, 10, 64)}  # SAGE: D_max 8, W_max 10, 64 nodes (its section 5.1)
 
 
 @dataclass
 class DecodeOptions:
     """Every decoding knob a user can set through model_args, with its default."""
 
-    tree: str = "adaptive"  # adaptive | dynamic | static | chain
+    tree: str = "adaptive"  # adaptive | dynamic | static | chain | sage
     # None: the kind's own default (TREE_DEFAULTS). For adaptive they are caps on what the policy picks.
     tree_depth: int | None = None
     tree_topk: int | None = None
@@ -64,6 +69,13 @@ class DecodeOptions:
     tree_static: str = "specvlm26"
     prune_ratio: float = 0.9
     prune_lambda: float = 0.4
+    prune_scorer: str = "attention"  # attention (SpecVLM's) | uv (UV-Prune: decoding/uv_prune.py)
+    # std (Sparse-to-Dense): video entries kept per layer and KV head in the draft's sparse view of the
+    # target's cache: a share of the video tokens (<= 1) or a count (> 1); std_budget: StD's K + m_t
+    # (entries per layer, 1024 in the paper), which sets K instead when given
+    std_keep: float = 0.1
+    std_budget: int | None = None
+    prune_uv_layers: str | None = None  # uv: "l1:l2" (1-based decoder layers); None: 1 and max(2, L/4)
     # eager: prepare the draft (pruning, its vision tower, its prefill) right after the target's
     # prefill, every request; lazy: on the first step that drafts (the adaptive policy's choice,
     # weighing what preparing costs; a fixed tree's first step), never for a one-token answer.
@@ -76,6 +88,10 @@ class DecodeOptions:
         return {f.name for f in fields(cls)} - {"extra"}
 
     def __post_init__(self):
+        if self.std_keep <= 0:
+            raise ValueError(f"std_keep={self.std_keep} must be > 0 (a share of the video tokens up to 1, a count above 1)")
+        if self.std_budget is not None and self.std_budget < 1:
+            raise ValueError(f"std_budget={self.std_budget} must be >= 1 (entries per layer, K + text)")
         if self.draft_prepare not in (None, *DRAFT_PREPARE):
             raise ValueError(f"draft_prepare={self.draft_prepare!r}; expected one of {', '.join(DRAFT_PREPARE)}")
 
@@ -92,7 +108,15 @@ class DecodeOptions:
         return TreeConfig(self.tree, depth, topk, total, self.tree_static)
 
     def prune_config(self) -> PruneConfig:
-        return PruneConfig(self.prune_ratio, self.prune_lambda)
+        layers = None
+        if self.prune_uv_layers is not None:
+            try:
+                layers = tuple(int(x) for x in str(self.prune_uv_layers).split(":"))
+            except ValueError:
+                layers = ()
+            if len(layers) != 2:
+                raise ValueError(f"prune_uv_layers={self.prune_uv_layers!r}; expected two layer numbers as l1:l2, e.g. 1:7")
+        return PruneConfig(self.prune_ratio, self.prune_lambda, self.prune_scorer, layers)
 
 
 # name -> factory(options, draft_backend, target_backend); draft_backend None means the target
@@ -105,6 +129,7 @@ DRAFTERS: dict[str, Callable] = {
                                                        eager=opts.eager_draft(), target=target),
     "sparrow": sparrow.build_drafter,
     "mtp": mtp.build_drafter,
+    "sparse_view": sparse_view.build_drafter,  # the target over a sparse view of its own cache (StD)
 }
 # name -> factory(options)
 VERIFIERS: dict[str, Callable] = {
@@ -164,3 +189,17 @@ def build(spec: MethodSpec, options: DecodeOptions, draft_backend=None, target_b
 
 def is_lossless(spec: MethodSpec) -> bool:
     return spec.verifier in LOSSLESS_VERIFIERS
+
+
+def describe(spec: MethodSpec, options: DecodeOptions) -> str:
+    """One line: drafter (with its pruning or sparse view), verifier, tree, and whether it is lossless
+    (dry-run prints it, so a run's composition is visible before it starts)."""
+    drafter = spec.drafter
+    if spec.drafter == "pruned":
+        drafter += f" (drops {options.prune_ratio:.0%} of the video, scorer {options.prune_scorer})"
+    elif spec.drafter == "sparse_view":
+        keep = options.std_budget and f"K + text = {options.std_budget}" or f"std_keep {options.std_keep:g}"
+        drafter += f" (the target over a sparse view of its cache: {keep} per layer)"
+    tree = options.tree_config()
+    return (f"drafter {drafter} + verifier {spec.verifier}, {tree!r}; "
+            f"{'lossless (exact verification)' if is_lossless(spec) else 'lossy'}")

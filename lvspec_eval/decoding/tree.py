@@ -32,6 +32,15 @@ def depths(parents: torch.Tensor, max_depth: int | None = None) -> torch.Tensor:
     return ancestor_mask(parents, max_depth).sum(-1)
 
 
+def extend_visibility(vis: torch.Tensor, parent_row: torch.Tensor) -> torch.Tensor:
+    """Append m fed nodes to the [f, f] visibility of fed nodes: each sees its parent's row
+    (parent_row -1: the root, nothing fed) and itself (every drafter's tree growth)."""
+    f, m = vis.shape[0], parent_row.numel()
+    padded = torch.cat([torch.zeros(1, f, dtype=torch.bool, device=vis.device), vis])  # row 0: the root
+    new = torch.cat([padded[parent_row + 1], torch.eye(m, dtype=torch.bool, device=vis.device)], dim=1)
+    return torch.cat([torch.cat([vis, torch.zeros(f, m, dtype=torch.bool, device=vis.device)], dim=1), new])
+
+
 def _as_list(values) -> list | None:
     return values.tolist() if isinstance(values, torch.Tensor) else values
 
@@ -80,7 +89,7 @@ SPECVLM_26 = (
     (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
 )
 STATIC_PRESETS = {"specvlm26": SPECVLM_26}
-TREE_KINDS = ("adaptive", "dynamic", "static", "chain")
+TREE_KINDS = ("adaptive", "dynamic", "static", "chain", "sage")  # sage: decoding/sage_tree.py
 
 
 @dataclass(frozen=True)
@@ -146,7 +155,8 @@ class TreeConfig:
     dynamic: at each depth expand the `topk` best frontier nodes by cumulative draft log-prob,
     each with its `topk` best children; after `depth` levels keep the `total` best nodes
     (ancestors of kept nodes are always kept). static: the nodes are fixed rank paths
-    (`choices`). chain: one branch of `depth` greedy draft tokens.
+    (`choices`). chain: one branch of `depth` greedy draft tokens. sage: SAGE's entropy-driven
+    tree (decoding/sage_tree.py), depth <= `depth`, width <= `topk`, nodes <= `total`.
     """
 
     def __init__(self, kind: str = "dynamic", depth: int = 5, topk: int = 10, total: int = 60,
@@ -171,7 +181,7 @@ class TreeConfig:
         return f"TreeConfig({self.kind}, depth={self.depth}, topk={self.topk}, total={self.total})"
 
     def shape(self) -> Shape:
-        """The fixed shape of the non-adaptive kinds (the adaptive policy builds its own)."""
+        """The fixed shape of the non-adaptive kinds (the adaptive policy and SAGE build their own)."""
         if self.kind == "static":
             return static_shape(self.choices)
         if self.kind == "chain":

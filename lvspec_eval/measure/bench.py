@@ -403,7 +403,8 @@ def register(sub) -> None:
     p.add_argument("--model", "--target", dest="model", default="demo",
                    help="target: demo, a local folder or a hub id")
     p.add_argument("--draft", default="demo-draft", help="draft model, or 'self' for Self-SD")
-    p.add_argument("--methods", default="vanilla,sd_tree,specvlm", help="comma-separated method names")
+    p.add_argument("--methods", default="vanilla,sd_tree,specvlm",
+                   help="comma-separated method names (vanilla, sd_tree, specvlm, sage, std, sparrow, mtp, fly, lvspec)")
     p.add_argument("--task", default="synthvid_caption", help=f"one of {', '.join(TASKS)}")
     p.add_argument("--prompts", default=None,
                    help="text-only prompts instead of the task's videos: 'builtin' (coding and explanation "

@@ -145,7 +145,7 @@ def register(sub) -> None:
     p.add_argument("--out", default=str(DEFAULT_OUT),
                    help=f"where runs, summary.json and the leaderboard go (default {DEFAULT_OUT}, ignored by git; "
                         f"{REFERENCE_OUT} holds the committed reference report: `--out {REFERENCE_OUT}` refreshes it)")
-    p.add_argument("--methods", default="", help=f"comma-separated subset of {', '.join(DEMO_METHODS)}")
+    p.add_argument("--methods", default="", help=f"comma-separated methods (default {', '.join(DEMO_METHODS)}; also sage, std)")
     p.add_argument("--limit", type=int, default=20, help="samples per task")
     p.add_argument("--draft", default="demo-draft",
                    help="the model drafters' draft: demo-draft (distilled on the target) or demo-draft-restyled "

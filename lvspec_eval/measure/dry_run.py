@@ -100,8 +100,16 @@ def check_model_args(text: str):
     from ..backends.attention import describe
 
     summary = f"method={parsed.method} pretrained={parsed.pretrained} draft={parsed.draft} dtype={parsed.dtype}"
-    return checks + [Check("OK", "model_args", summary),
+    return checks + [Check("OK", "model_args", summary), Check("OK", "method", describe_method(parsed)),
                      Check("OK", "attention", describe(parsed.attn_implementation))], parsed
+
+
+def describe_method(parsed) -> str:
+    """The method's composition as the run will build it (methods.describe)."""
+    from ..decoding import methods
+
+    spec = methods.resolve(parsed.method, parsed.drafter, parsed.verifier)
+    return methods.describe(spec, methods.make_options(spec, parsed.options))
 
 
 # ---- 2. draft pairing ----------------------------------------------------------------------------

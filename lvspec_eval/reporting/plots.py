@@ -52,6 +52,8 @@ METHOD_STYLES: dict[str, dict[str, str]] = {
     "fly": {"color": "#d62728", "marker": "v"},
     "lvspec": {"color": "#9467bd", "marker": "*"},
     "mtp": {"color": "#e6ab02", "marker": "8"},
+    "sage": {"color": "#a6761d", "marker": "d"},
+    "std": {"color": "#1b9e77", "marker": "H"},
 }
 # Methods without an entry (custom:<drafter>+<verifier>, a new method): a colour and a marker
 # picked from the name's checksum, so they too stay the same from plot to plot and run to run.

@@ -25,7 +25,7 @@ from lvspec_eval.reporting.speed import (
 
 log = logging.getLogger(__name__)
 
-METHOD_ORDER = ("vanilla", "sd_tree", "specvlm", "sparrow", "mtp", "fly", "lvspec")
+METHOD_ORDER = ("vanilla", "sd_tree", "specvlm", "sage", "std", "sparrow", "mtp", "fly", "lvspec")
 
 
 def method_row(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)  # under the report's package logger: its warnings land in summary.json
 
-LOSSLESS_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow", "mtp")
+LOSSLESS_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow", "mtp", "sage", "std")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from ..policy import AdaptivePolicy
-from ..tree import Level, Shape, TreeConfig
+from ..sage_tree import SageTree
+from ..tree import Level, Shape, TreeConfig, extend_visibility
 from ..types import Draft
 
 FeedFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -79,7 +80,7 @@ class Grower:
                 break
             pick = self._expand(shape.levels[depth], new.value)  # level-local indices to feed
             parent_row = fed_row[new.parents[pick].clamp(min=0)].masked_fill(new.parents[pick] < 0, -1)
-            vis = _extend_visibility(vis, parent_row)
+            vis = extend_visibility(vis, parent_row)
             fed_row[num + pick] = torch.arange(vis.shape[0] - pick.numel(), vis.shape[0], device=self.device)
             logits = feed(new.tokens[pick], vis[-pick.numel():], parent_row, depth)
             logp = torch.log_softmax(logits.float(), dim=-1)
@@ -130,15 +131,6 @@ def _grid(level: Level) -> tuple[int, int] | None:
     return (w, k) if regular else None
 
 
-def _extend_visibility(vis: torch.Tensor, parent_row: torch.Tensor) -> torch.Tensor:
-    """Append m fed nodes to the [f, f] visibility of fed nodes: each sees its parent's row
-    (parent_row -1: the root, nothing fed) and itself."""
-    f, m = vis.shape[0], parent_row.numel()
-    padded = torch.cat([torch.zeros(1, f, dtype=torch.bool, device=vis.device), vis])  # row 0: the root
-    new = torch.cat([padded[parent_row + 1], torch.eye(m, dtype=torch.bool, device=vis.device)], dim=1)
-    return torch.cat([torch.cat([vis, torch.zeros(f, m, dtype=torch.bool, device=vis.device)], dim=1), new])
-
-
 def _select(nodes: Nodes, keep_n: int | None, depth: int, plan: dict | None) -> Draft:
     """Keep the best `keep_n` nodes by value (all when None), parents first, re-indexed.
 
@@ -159,13 +151,15 @@ def _select(nodes: Nodes, keep_n: int | None, depth: int, plan: dict | None) -> 
 
 class TreePlanner:
     """What every drafter does around its model: pick the step's shape (fixed, or the adaptive
-    policy's), grow it, and feed the policy what the step measured. Holds one Grower."""
+    policy's or SAGE's), grow it, and feed the policy what the step measured. Holds one Grower."""
 
     def __init__(self, config: TreeConfig, device: torch.device, eos_token_ids=()):
         self.config, self.grower = config, Grower(device)
         self.policy = (AdaptivePolicy(config.depth, config.topk, config.total, device, frozenset(eos_token_ids))
                        if config.adaptive else None)
-        self._fixed = None if config.adaptive else config.shape()
+        # SAGE's entropy-driven tree grows node by node from the draft's probabilities (sage_tree.py)
+        self.sage = SageTree(config.depth, config.topk, config.total) if config.kind == "sage" else None
+        self._fixed = None if config.adaptive or self.sage else config.shape()
         if self._fixed is not None:
             self.grower.prepare(self._fixed)
 
@@ -176,6 +170,8 @@ class TreePlanner:
         policy weighs preparing it before drafting)."""
         if self.policy is not None:
             self.policy.start_sample(budget, prompt_tokens, prepared, prefill_s)
+        if self.sage is not None:
+            self.sage.start_sample()
 
     def prepared(self, seconds: float) -> None:
         """The draft was prepared, in `seconds` (the policy learns what preparing costs)."""
@@ -184,6 +180,8 @@ class TreePlanner:
 
     def next_shape(self, num_generated: int = 0) -> tuple[Shape | None, dict | None]:
         """The step's shape (None: propose nothing this step) and what the policy chose, if any."""
+        if self.sage is not None:
+            return self.sage.next_shape()
         if self.policy is None:
             return self._fixed, None
         shape, plan = self.policy.plan(num_generated)
@@ -193,6 +191,8 @@ class TreePlanner:
         return shape, plan
 
     def grow(self, shape: Shape, plan: dict | None, root_logits: torch.Tensor, feed: FeedFn) -> Draft:
+        if self.sage is not None:
+            return self.sage.grow(shape, plan, root_logits, feed)
         if self.policy is None:
             return self.grower.grow(shape, root_logits, feed)
 
@@ -203,6 +203,8 @@ class TreePlanner:
         return self.grower.grow(shape, root_logits, feed, value=self.policy.node_value, total=total, plan=plan)
 
     def observe(self, verdict, scores, step) -> None:
+        if self.sage is not None and step.num_draft_nodes:
+            self.sage.observe(verdict.num_accepted)
         if self.policy is not None:
             view = scores.host_view(None) if step.num_draft_nodes else None
             self.policy.observe(step, view, verdict, scores.num_pending)

@@ -12,7 +12,7 @@ import time
 import torch
 
 from ...backends.base import Backend, DecodeState, PreparedInputs
-from ..pruning import PruneConfig, select_visual_tokens
+from ..pruning import PruneConfig, prune_scores, scorer_layers, select_visual_tokens
 from ..tree import TreeConfig
 from ..types import Draft, Preparation
 from . import growth
@@ -56,7 +56,10 @@ class ModelDrafter:
         self.tree, self.backend, self.prune, self.eager = tree, backend, prune, eager
         if backend is not None and target is not None and backend.shares_vision_trunk(target):
             target.keep_vision_trunk = True  # the draft embeds the video from the target's tower output
-        self.needs_visual_attention = prune is not None
+        self.needs_visual_attention = prune is not None and prune.scorer == "attention"
+        if prune is not None and prune.scorer != "attention" and target is None:
+            raise ValueError(f"prune_scorer={prune.scorer} reads the target's hidden states: pass the target backend")
+        self.hidden_layers = scorer_layers(prune, target.num_layers) if target is not None else ()
         self.name = ("self" if backend is None else "model") + ("+pruned" if prune else "")
         self.state: DecodeState | None = None  # the draft's decode state, once prepared
         self.preparation: Preparation | None = None  # what preparing cost, once prepared
@@ -91,7 +94,7 @@ class ModelDrafter:
         t0 = clock()
         keep = None
         if self.prune is not None and inputs.num_visual_tokens:
-            keep = select_visual_tokens(target.visual_attention(target_state), self.prune)
+            keep = select_visual_tokens(prune_scores(self.prune, target, inputs, target_state), self.prune)
         t1 = clock()
         backend = self.active
         if backend is target:
