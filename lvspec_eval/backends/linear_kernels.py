@@ -459,12 +459,11 @@ def _choose_and_pack(group: _Group, allowance: int, one_token: bool) -> int:
     return group.nbytes
 
 
-def _describe(group: _Group) -> dict:
-    first = group.members[0]
+def _describe(group: _Group, one_token: bool) -> dict:
     shown = {m: (c.kind if c.kind != "pad" else f"pad{c.rows}") for m, c in group.choices.items()}
     return {"layers": len(group.members), "torch_ms": group.curve.torch_ms, "onednn_ms": group.curve.onednn_ms,
             "spread": round(group.curve.spread, 3),
-            "choices": {m: shown.get(m, "torch") for m in range(1 if 1 in shown else 2, ROWS[-1] + 1)}}
+            "choices": {m: shown.get(m, "torch") for m in range(1 if one_token else 2, ROWS[-1] + 1)}}
 
 
 def install(modules, mode: str = "auto", one_token: bool = False) -> KernelReport | None:
@@ -490,7 +489,7 @@ def install(modules, mode: str = "auto", one_token: bool = False) -> KernelRepor
             allowance -= packed
             report.packed_mb += packed / 2 ** 20
             report.shapes[shape_key(group.members[0].weight, group.members[0].bias, group.with_onednn)] = \
-                _describe(group)
+                _describe(group, one_token)
         book.record()
     plan = [g for g in groups if g.choices]
     for group in plan:
