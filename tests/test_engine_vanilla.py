@@ -40,6 +40,8 @@ def test_one_token_kernels_is_a_checked_model_arg():
     assert args.runner_kwargs()["one_token_kernels"] == "engine"
     with pytest.raises(ValueError, match="one_token_kernels='fast'.*torch, engine"):
         ModelArgs.parse({"one_token_kernels": "fast"})
+    with pytest.raises(ValueError, match="one_token_kernels='fast'"):
+        Runner("demo", "vanilla", one_token_kernels="fast")
 
 
 def test_engine_vanilla_steps_on_the_kernel_and_says_what_vanilla_says(kernels_win):

@@ -54,6 +54,9 @@ class Runner:
         cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py).
         one_token_kernels: `engine`: every one-token step (the method's, and the paired vanilla's) runs the
         kernel measured fastest for one row, where the backends were loaded with it; `torch`: nn.Linear's."""
+        if one_token_kernels not in linear_kernels.ONE_TOKEN_MODES:
+            raise ValueError(f"one_token_kernels={one_token_kernels!r}; expected one of "
+                             f"{', '.join(linear_kernels.ONE_TOKEN_MODES)}")
         self.spec = methods.resolve(method, drafter, verifier)
         self.method = method if method != "custom" else f"custom:{self.spec.drafter}+{self.spec.verifier}"
         self.options = methods.make_options(self.spec, options or {})
