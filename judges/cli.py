@@ -229,8 +229,8 @@ def annotate_samples(path: Path, results: list[dict], mode: str, judge_model: st
     """Add each result to its line of the samples file as metric judge_<mode> (lmms-eval's form of a
     judged value: a dict whose "score" is the number, None when missing), replacing the file."""
     by_doc = {_doc_id(r["key"].rsplit("/", 1)[1]): r for r in results}
-    lines = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    lines = []  # split on "\n" only: an answer may hold U+2028, U+2029 or U+0085, where splitlines() cuts
+    for line in path.read_text(encoding="utf-8").rstrip("\n").split("\n"):
         if line.strip():
             sample = json.loads(line)
             result = by_doc.get(sample["doc_id"])

@@ -228,6 +228,28 @@ def _save_llava(model, tokenizer, path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# The kernel cache (backends/linear_kernels.py): never the user's
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_kernel_cache(tmp_path_factory):
+    """Tests never read or write the user's ~/.cache/lvspec (measured CPU kernels, the ledger of
+    prepacked memory): one temporary folder for the session, inherited by the processes tests start
+    (lmms-eval runs, data-parallel ranks)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LVSPEC_CACHE_DIR", str(tmp_path_factory.mktemp("lvspec-cache")))
+        yield
+
+
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch) -> Path:
+    """A fresh, empty kernel cache folder for one test."""
+    folder = tmp_path / "lvspec-cache"
+    monkeypatch.setenv("LVSPEC_CACHE_DIR", str(folder))
+    return folder
+
+
+# ------------------------------------------------------------------------------------------------
 # Fixtures
 
 

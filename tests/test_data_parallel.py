@@ -16,6 +16,8 @@ from lvspec_eval.demo import tasks_data
 from lvspec_eval.models.stats_writer import StatsWriter
 
 NUM_DOCS = 4
+# the README's data-parallel command on a CPU (accelerate launch --cpu starts one process there)
+CPU_LAUNCH = "torchrun --standalone --nproc_per_node 2 -m lmms_eval"
 
 
 def _append(path: str, rank: int, count: int) -> None:
@@ -40,6 +42,11 @@ def test_two_processes_append_whole_lines_to_one_stats_file(tmp_path):
     assert all(set(r["token_texts"]) == {f"r{r['rank']}d{r['doc_id']}"} for r in records)
 
 
+def test_the_readme_names_the_cpu_launcher_tested_here():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert f"`{CPU_LAUNCH} --model lvspec" in " ".join(readme.split())  # the line may wrap
+
+
 def lmms_eval_command(tmp_path: Path, out: str, stats: Path, launcher: list[str]) -> list[str]:
     args = f"pretrained={tmp_path / 'model'},method=sd_tree,tree=chain,tree_depth=2,fps=4,video_rule=fps,stats_path={stats}"
     return [*launcher, "--model", "lvspec", "--model_args", args, "--tasks", TASK, "--limit", str(NUM_DOCS),
@@ -54,7 +61,8 @@ def test_torchrun_two_cpu_processes_answer_every_sample_once_as_one_process_does
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(tasks_data.ENV_DOCS, str(NUM_DOCS))
         tasks_data.ensure(TASK, data)
-    torchrun = [str(LMMS_EVAL.parent / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "lmms_eval"]
+    program, *args = CPU_LAUNCH.split()
+    torchrun = [str(LMMS_EVAL.parent / program), *args]  # the README's command, from this environment
     runs = {"two": (tmp_path / "two.jsonl", torchrun), "one": (tmp_path / "one.jsonl", [sys.executable, "-m", "lmms_eval"])}
     procs = {name: subprocess.Popen(lmms_eval_command(tmp_path, name, stats, launcher), cwd=tmp_path, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -123,6 +124,79 @@ def test_a_torn_last_line_is_cut_before_appending(tmp_path):
     assert stats.read_text() == '{"doc_id": 0}\n'
     writer.write({"doc_id": 1})
     assert read_jsonl(stats) == [{"doc_id": 0}, {"doc_id": 1}]
+
+
+SEPARATORS = "line\u2028para\u2029next\x85end"  # json.dumps(ensure_ascii=False) leaves them raw; splitlines splits
+
+
+def _answers_with_separators(stats: Path) -> list[str]:
+    """Rewrite every record's answer to hold U+2028, U+2029 and U+0085, as the writer would write them."""
+    records = [json.loads(line) for line in stats.read_text(encoding="utf-8").split("\n") if line]
+    texts = [f"{SEPARATORS} {k}" for k in range(len(records))]
+    stats.write_text("".join(json.dumps({**r, "text": t}, ensure_ascii=False) + "\n" for r, t in zip(records, texts)),
+                     encoding="utf-8")
+    assert len(stats.read_text(encoding="utf-8").splitlines()) > len(records)  # what used to break resume
+    return texts
+
+
+def test_answers_holding_unicode_line_separators_resume_and_report(tiny_model, synthvid, tmp_path):
+    from lvspec_eval.reporting import runs
+
+    stats = tmp_path / "stats.jsonl"
+    first = make_model("LVSpecChat", tiny_model, stats, max_new_tokens=4)
+    first.task_dict = {TASK: {"test": docs(synthvid)}}
+    first.generate_until([chat_request(i, GEN) for i in range(2)])
+    texts = _answers_with_separators(stats)
+    again = make_model("LVSpecChat", tiny_model, stats, max_new_tokens=4)
+    again.task_dict = first.task_dict
+    decodes = counting_generate(again)
+    results = through_response_cache(again, [chat_request(i, GEN) for i in range(3)], tmp_path / "cache")
+    assert len(decodes) == 1 and [r.text for r in results[:2]] == texts
+    loaded = runs.load_stats([stats], "vanilla")[TASK]  # the report reads the same file
+    assert [loaded[str(i)]["text"] for i in range(2)] == texts and len(loaded) == 3
+
+
+def test_the_judge_annotates_samples_whose_answers_hold_line_separators(tmp_path):
+    from judges.cli import annotate_samples
+
+    samples = tmp_path / "samples.jsonl"
+    lines = [{"doc_id": k, "filtered_resps": [f"{SEPARATORS} {k}"]} for k in range(2)]
+    samples.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
+    annotate_samples(samples, [{"key": "t/1", "score": 4.0, "errors": []}], "caption", "m")
+    out = [json.loads(line) for line in samples.read_text(encoding="utf-8").split("\n") if line]
+    assert [x["filtered_resps"] for x in out] == [x["filtered_resps"] for x in lines]
+    assert "judge_caption" not in out[0] and out[1]["judge_caption"]["score"] == 4.0
+
+
+def test_resume_reads_under_the_writers_lock_and_skips_a_line_being_written(tmp_path):
+    """Another rank appending a record holds the exclusive lock: resume waits for the whole line
+    instead of reading half of it; a last line without its newline (a killed writer's) is not read."""
+    from lvspec_eval.models.resume import read_records
+
+    stats = tmp_path / "stats.jsonl"
+    writer = StatsWriter(stats)
+    writer.write({"doc_id": 0, "text": SEPARATORS})
+    line = (json.dumps({"doc_id": 1, "text": "x" * 100_000}) + "\n").encode()
+    read, holding = [], threading.Event()
+
+    def append_slowly():
+        with writer.locked() as fd:
+            os.write(fd, line[:1000])
+            holding.set()
+            time.sleep(0.5)  # the reader must wait for the rest, not parse the first 1,000 bytes
+            os.write(fd, line[1000:])
+
+    appender = threading.Thread(target=append_slowly)
+    appender.start()
+    holding.wait(10)
+    reader = threading.Thread(target=lambda: read.extend(read_records(stats)))
+    reader.start()
+    appender.join()
+    reader.join(30)
+    assert [r["doc_id"] for _, r in read] == [0, 1] and read[0][1]["text"] == SEPARATORS
+    with stats.open("a") as f:
+        f.write('{"doc_id": 2, "te')  # a writer killed mid-line
+    assert [r["doc_id"] for _, r in read_records(stats)] == [0, 1]
 
 
 def test_failed_samples_are_served_again_not_retried(tiny_model, synthvid, tmp_path, monkeypatch):

@@ -16,8 +16,10 @@ machine and thread count, `F.linear` at each row count in ROWS, the same with th
 zeros up to a larger count (free in memory: it borrows a faster point of the library's own curve),
 and a oneDNN prepacked weight (a second copy of the weights, in the library's blocked layout; only
 where memory allows), and keeps, per row count, the fastest by at least MIN_GAIN. The measurements
-are cached on disk per CPU model, thread count, torch version, dtype and shape
-(`$LVSPEC_CACHE_DIR/cpu_kernels.json`, default ~/.cache/lvspec), so a run pays for them once.
+are cached on disk per CPU (model name, flags, core count), thread count, torch version, dtype and
+shape (`$LVSPEC_CACHE_DIR/cpu_kernels.json`, default ~/.cache/lvspec), so a run pays for them once;
+a cache of another SCHEMA is measured anew, and so is a measurement whose spread says the machine
+was busy while it was taken (LOADED_SPREAD; the calmer measurement is kept).
 Measured on the real pair (docs/RESULTS.md, `lvspec-eval bench --forward-cost`): an 8-token forward
 of the 1.5B target costs 1.40x a one-token step with these kernels, 2.79x through nn.Linear (4 tokens:
 1.12x / 2.02x); the prepacked copies took 5.9 GB beside the target's weights.
@@ -28,50 +30,89 @@ What it touches. Only forwards that the engine marks with `multi_token()` (backe
 lmms-eval's classes'). On an accelerator nothing is installed: a GPU verifies a small tree for about
 the price of one token already. In float32 the chosen kernels round like any other multi-token
 GEMM (within a few ulps of `nn.Linear`); exact methods stay token-identical to vanilla, as tested.
+
+The one-token step too, as an opt-in (model_arg one_token_kernels=engine, ONE_TOKEN_MODES): one row
+is measured like the others (nn.Linear, padded rows, a prepacked copy), and installed with
+`install(..., one_token=True)`, its choice serves one-row calls inside `one_token_steps()`: an
+"engine vanilla" whose steps run the fastest kernel found, so that a method's speedup over it is
+the speculation's alone, not the kernels' (issue 43, item 5).
+
+Safety. bf16 is prepacked only where torch says oneDNN supports bf16 on this CPU (AVX512-BW, AVX-NE-
+CONVERT or AMX; elsewhere torch's reorder raises), and any error while measuring or packing a weight
+leaves that weight on nn.Linear with one warning. Prepacked copies take at most PACK_SHARE of the
+memory available when the first lvspec process of the machine installed them, for all lvspec
+processes together (data-parallel ranks, a benchmark and its neighbour): a ledger in the cache
+folder, under a file lock, holds each live process's prepacked bytes (`Ledger`). Whether a forward
+is multi-token, one-token opted in or disabled is context-local state (contextvars): a thread's
+forward never sees another's, and nesting cannot leave it on.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import hashlib
 import json
 import os
 import platform
+import statistics
 import time
+import warnings
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from filelock import FileLock
 
 MODES = ("auto", "measure", "torch")  # model_arg cpu_kernels: cached or measured / measured anew / off
+ONE_TOKEN_MODES = ("torch", "engine")  # model_arg one_token_kernels: transformers' own step / the measured kernel
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)  # row counts measured; more rows: nn.Linear
 MIN_GAIN = 0.9  # another kernel is chosen only if it takes at most this share of nn.Linear's time
-PACK_SHARE = 0.5  # prepacked weights may take at most this share of the memory available at install
+PACK_SHARE = 0.5  # prepacked weights may take at most this share of the machine's available memory (Ledger)
 REPEATS = 5  # timed calls per kernel and row count (the fastest counts: a neighbour only adds time)
+SCHEMA = 2  # of the cache file: bumped whenever what a cached curve holds changes (ROWS, its fields)
+LOADED_SPREAD = 1.5  # a curve whose typical median/fastest call ratio exceeds this was measured on a busy machine
 
-_active = 0  # > 0 inside multi_token()
-_disabled = 0  # > 0 inside disabled()
+# context-local (a thread's or task's own), so concurrent forwards cannot change each other's state
+_multi = contextvars.ContextVar("lvspec_multi_token", default=False)
+_one = contextvars.ContextVar("lvspec_one_token_steps", default=False)
+_off = contextvars.ContextVar("lvspec_kernels_disabled", default=False)
 
 
 @contextlib.contextmanager
+def _set(var: contextvars.ContextVar) -> Iterator[None]:
+    token = var.set(True)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
 def multi_token():
     """Mark a multi-token forward of the engine: inside, installed linear layers use their choices."""
-    global _active
-    _active += 1
-    try:
-        yield
-    finally:
-        _active -= 1
+    return _set(_multi)
 
 
-@contextlib.contextmanager
+def one_token_steps():
+    """Inside: one-row calls of layers installed with one_token=True use the kernel measured fastest
+    for one row (the opt-in "engine vanilla"); elsewhere one row is nn.Linear's."""
+    return _set(_one)
+
+
 def disabled():
     """Inside: installed kernels stand aside and nn.Linear runs every forward (for comparisons)."""
-    global _disabled
-    _disabled += 1
-    try:
-        yield
-    finally:
-        _disabled -= 1
+    return _set(_off)
+
+
+def _row_choice(choices: dict[int, Choice], rows: int) -> Choice | None:
+    """The choice for a call over `rows` rows in the current context, None for nn.Linear."""
+    if _off.get():
+        return None
+    if rows == 1:
+        return choices.get(1) if _one.get() else None
+    return choices.get(rows) if _multi.get() else None
 
 
 @dataclass
@@ -84,16 +125,18 @@ class Choice:
 
 @dataclass
 class ShapeCurve:
-    """Measured milliseconds per row count for one weight shape, and the choice per row count."""
+    """Measured milliseconds per row count for one weight shape, and the choice per row count.
+    spread: the median over measured points of (median call / fastest call); near 1 on a quiet machine."""
 
     torch_ms: dict[int, float]
     onednn_ms: dict[int, float] = field(default_factory=dict)
+    spread: float = 1.0
 
     def choices(self) -> dict[int, Choice]:
-        """Per row count 2..ROWS[-1]: the fastest option if it takes at most MIN_GAIN of nn.Linear's
+        """Per row count 1..ROWS[-1]: the fastest option if it takes at most MIN_GAIN of nn.Linear's
         time at that count (an unmeasured count is taken to cost what the next measured one does)."""
         out = {}
-        for m in range(2, ROWS[-1] + 1):
+        for m in range(1, ROWS[-1] + 1):
             bucket = min(r for r in ROWS if r >= m)
             options = [(self.torch_ms[r], Choice("pad", r)) for r in ROWS if r > m]
             options += [(self.onednn_ms[bucket], Choice("onednn"))] if bucket in self.onednn_ms else []
@@ -101,20 +144,33 @@ class ShapeCurve:
             out[m] = best if best_ms <= MIN_GAIN * self.torch_ms[bucket] else Choice("torch")
         return out
 
+    def without_onednn(self) -> ShapeCurve:
+        return ShapeCurve(self.torch_ms, {}, self.spread)
 
-def _time_ms(fn, repeats: int = REPEATS) -> float:
+
+def _time_ms(fn, repeats: int = REPEATS) -> tuple[float, float]:
+    """(fastest, median) milliseconds of `repeats` calls, after one untimed call."""
     fn()  # first call: allocation, primitive creation
-    best = float("inf")
+    times = []
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
+        times.append(time.perf_counter() - t)
+    return min(times) * 1e3, statistics.median(times) * 1e3
+
+
+def bf16_supported() -> bool:
+    """Whether torch's oneDNN runs bf16 on this CPU (its reorder raises where it does not)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def onednn_available(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and torch.backends.mkldnn.is_available() and \
-        weight.dtype in (torch.float32, torch.bfloat16)
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and bf16_supported())
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -130,31 +186,51 @@ def measure(weight: torch.Tensor, bias: torch.Tensor | None, with_onednn: bool) 
     """Time nn.Linear (and a prepacked copy) at every row count in ROWS, interleaved."""
     xs = {m: torch.randn(m, weight.shape[1], dtype=weight.dtype) for m in ROWS}
     packed = pack(weight) if with_onednn else None
-    curve = ShapeCurve(torch_ms={})
+    curve, spreads = ShapeCurve(torch_ms={}), []
     for m in ROWS:
         x = xs[m]
-        curve.torch_ms[m] = _time_ms(lambda x=x: F.linear(x, weight, bias))
-        if packed is not None and m > 1:
-            curve.onednn_ms[m] = _time_ms(lambda x=x: packed_linear(x, packed, bias))
+        curve.torch_ms[m], median = _time_ms(lambda x=x: F.linear(x, weight, bias))
+        spreads.append(median / max(curve.torch_ms[m], 1e-9))
+        if packed is not None:
+            curve.onednn_ms[m], median = _time_ms(lambda x=x: packed_linear(x, packed, bias))
+            spreads.append(median / max(curve.onednn_ms[m], 1e-9))
+    curve.spread = statistics.median(spreads)
     return curve
 
 
 # ---- the on-disk cache of measured curves ---------------------------------------------------------
+def cache_dir() -> Path:
+    return Path(os.environ.get("LVSPEC_CACHE_DIR") or Path.home() / ".cache" / "lvspec")
+
+
 def cache_file() -> Path:
-    root = os.environ.get("LVSPEC_CACHE_DIR") or Path.home() / ".cache" / "lvspec"
-    return Path(root) / "cpu_kernels.json"
+    return cache_dir() / "cpu_kernels.json"
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    out = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().split("\n"):
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            out[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return out
 
 
 def machine_key() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    """The CPU as far as kernels care: its model name (generic on virtual machines), a digest of its
+    flags (AVX-512, AMX... decide oneDNN's paths), its core count and torch's dispatch level; the
+    thread count and torch version."""
+    info = _cpuinfo()
+    cpu = info.get("model name") or platform.processor() or platform.machine()
+    flags = hashlib.sha256(" ".join(sorted(info.get("flags", "").split())).encode()).hexdigest()[:12]
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (f"{cpu}|flags={flags}|cores={os.cpu_count()}|isa={capability}|threads={torch.get_num_threads()}"
+            f"|torch={torch.__version__}")
 
 
 def shape_key(weight: torch.Tensor, bias: torch.Tensor | None, with_onednn: bool) -> str:
@@ -163,10 +239,14 @@ def shape_key(weight: torch.Tensor, bias: torch.Tensor | None, with_onednn: bool
 
 
 def _load_cache() -> dict:
+    """The cache file's machines -> shapes -> curves; empty for a missing, broken or other-SCHEMA file."""
     try:
-        return json.loads(cache_file().read_text())
+        data = json.loads(cache_file().read_text())
     except (OSError, ValueError):
-        return {}
+        return {"schema": SCHEMA, "machines": {}}
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("machines"), dict):
+        return {"schema": SCHEMA, "machines": {}}  # another layout: measured anew, and replaced when saved
+    return data
 
 
 def _save_cache(data: dict) -> None:
@@ -180,16 +260,117 @@ def _save_cache(data: dict) -> None:
         pass  # a read-only home: measure again next time
 
 
+def _cached_curve(raw, with_onednn: bool) -> ShapeCurve | None:
+    """A cached entry as a curve, or None where it lacks a row count measured now."""
+    try:
+        curve = ShapeCurve({int(k): float(v) for k, v in raw["torch_ms"].items()},
+                           {int(k): float(v) for k, v in raw.get("onednn_ms", {}).items()}, float(raw["spread"]))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    complete = set(ROWS) <= set(curve.torch_ms) and (not with_onednn or set(ROWS) <= set(curve.onednn_ms))
+    return curve if complete else None
+
+
 def curve_for(weight, bias, with_onednn: bool, remeasure: bool, cache: dict) -> ShapeCurve:
-    entry = cache.setdefault(machine_key(), {})
+    """The cached curve, unless asked to measure anew or it was measured on a busy machine (spread
+    above LOADED_SPREAD): then measured now, and the calmer of the two kept and returned."""
+    entry = cache.setdefault("machines", {}).setdefault(machine_key(), {})
     key = shape_key(weight, bias, with_onednn)
-    if not remeasure and key in entry:
-        raw = entry[key]
-        return ShapeCurve({int(k): v for k, v in raw["torch_ms"].items()},
-                          {int(k): v for k, v in raw.get("onednn_ms", {}).items()})
+    cached = None if remeasure else _cached_curve(entry.get(key), with_onednn)
+    if cached is not None and cached.spread <= LOADED_SPREAD:
+        return cached
     curve = measure(weight, bias, with_onednn)
-    entry[key] = {"torch_ms": curve.torch_ms, "onednn_ms": curve.onednn_ms, "measured": time.time()}
+    if cached is not None and cached.spread <= curve.spread:
+        return cached
+    entry[key] = {"torch_ms": curve.torch_ms, "onednn_ms": curve.onednn_ms, "spread": curve.spread,
+                  "measured": time.time()}
     return curve
+
+
+# ---- one memory budget for the machine's prepacked copies ----------------------------------------
+_LIVE_PACKS: weakref.WeakSet = weakref.WeakSet()  # this process's prepacked weights still in use
+
+
+def _own_packed_bytes() -> int:
+    return sum(t.nbytes for t in _LIVE_PACKS)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+@dataclass
+class Ledger:
+    """The prepacked bytes each live lvspec process of the machine holds, and the budget they share:
+    PACK_SHARE of the memory available when the first of them installed (reset when none is left).
+    Read and written under a file lock in the cache folder (`ledger()`)."""
+
+    budget: int | None = None
+    pids: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: Path) -> Ledger:
+        try:
+            raw = json.loads(path.read_text())
+            pids = {str(p): int(b) for p, b in raw.get("pids", {}).items() if _alive(int(p))}
+            budget = raw.get("budget") if pids else None  # nobody left holding: measure afresh
+            return cls(None if budget is None else int(budget), pids)
+        except (OSError, ValueError, TypeError, AttributeError):
+            return cls()
+
+    def allowance(self, available: int) -> int:
+        """Bytes this process may still prepack: the shared budget less what every live process
+        (this one included) holds, and never more than PACK_SHARE of what is available now."""
+        self.pids[str(os.getpid())] = _own_packed_bytes()
+        if self.budget is None:
+            self.budget = int(PACK_SHARE * available)
+        return max(0, min(self.budget - sum(self.pids.values()), int(PACK_SHARE * available)))
+
+    def record(self) -> None:
+        own = _own_packed_bytes()
+        if own:
+            self.pids[str(os.getpid())] = own
+        else:
+            self.pids.pop(str(os.getpid()), None)
+
+
+@contextlib.contextmanager
+def ledger() -> Iterator[Ledger]:
+    """The machine's ledger, locked for the caller (one lvspec process installs at a time: its
+    measurements undisturbed by another's, and the budget read and spent at once). Where the cache
+    folder cannot be written, a ledger of this process alone."""
+    path = cache_dir() / "packed_ledger.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(path) + ".lock")
+        lock.acquire()
+    except OSError:
+        yield Ledger()
+        return
+    try:
+        book = Ledger.read(path)
+        yield book
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"budget": book.budget, "pids": book.pids}))
+        tmp.replace(path)
+    finally:
+        lock.release()
+
+
+def _available_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().split("\n"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 # ---- installing on a model's linear layers -------------------------------------------------------
@@ -201,20 +382,26 @@ class KernelReport:
     shapes: dict[str, dict] = field(default_factory=dict)
     packed_mb: float = 0.0
     measure_s: float = 0.0
+    one_token: bool = False  # the one-row choice installed (used inside one_token_steps())
 
     def summary(self) -> dict:
         return {"mode": self.mode, "packed_mb": round(self.packed_mb, 1), "measure_s": round(self.measure_s, 2),
-                "shapes": self.shapes}
+                "one_token": self.one_token, "shapes": self.shapes}
 
 
-def _available_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+@dataclass
+class _Group:
+    """Linear layers sharing a weight shape, dtype and bias: measured once, installed alike."""
+
+    members: list[torch.nn.Linear]
+    curve: ShapeCurve | None = None
+    with_onednn: bool = False
+    choices: dict[int, Choice] = field(default_factory=dict)
+    packed: list[torch.Tensor | None] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(l.weight.numel() * l.weight.element_size() for l in self.members)
 
 
 def linear_layers(modules) -> list[torch.nn.Linear]:
@@ -227,53 +414,98 @@ def linear_layers(modules) -> list[torch.nn.Linear]:
     return out
 
 
-def install(modules, mode: str = "auto") -> KernelReport | None:
+def _groups(layers: list[torch.nn.Linear]) -> list[_Group]:
+    """Layers by (shape, dtype, bias), the largest weights first (they gain most from a packed copy)."""
+    groups: dict[tuple, list[torch.nn.Linear]] = {}
+    for layer in layers:
+        groups.setdefault((tuple(layer.weight.shape), layer.weight.dtype, layer.bias is not None), []).append(layer)
+    return [_Group(m) for m in sorted(groups.values(), key=lambda g: -g[0].weight.numel())]
+
+
+def _fallback_warning(group: _Group, step: str, err: Exception) -> None:
+    weight = group.members[0].weight
+    warnings.warn(f"lvspec: CPU kernels for the {tuple(weight.shape)} {weight.dtype} linear layers failed while "
+                  f"{step} ({type(err).__name__}: {err}); they keep nn.Linear", RuntimeWarning, stacklevel=3)
+
+
+def _measure_group(group: _Group, remeasure: bool, cache: dict) -> None:
+    """group.curve from the cache or measured; None (nn.Linear, one warning) if measuring fails."""
+    first = group.members[0]
+    group.with_onednn = onednn_available(first.weight)
+    bias = None if first.bias is None else first.bias.detach()
+    try:
+        group.curve = curve_for(first.weight.detach(), bias, group.with_onednn, remeasure, cache)
+    except Exception as err:  # noqa: BLE001 - any kernel library error: this weight stays on nn.Linear
+        _fallback_warning(group, "measuring", err)
+
+
+def _choose_and_pack(group: _Group, allowance: int, one_token: bool) -> int:
+    """group.choices (the prepacked copy only if it fits `allowance`) and group.packed; returns the
+    bytes packed. A failed pack leaves the group on nn.Linear (no choices) with one warning."""
+    choices = group.curve.choices()
+    if any(c.kind == "onednn" for c in choices.values()) and group.nbytes > allowance:
+        choices = group.curve.without_onednn().choices()
+    group.choices = {m: c for m, c in choices.items() if (m > 1 or one_token) and c.kind != "torch"}
+    if not any(c.kind == "onednn" for c in group.choices.values()):
+        group.packed = [None] * len(group.members)
+        return 0
+    try:
+        group.packed = [pack(l.weight.detach()) for l in group.members]
+    except Exception as err:  # noqa: BLE001 - e.g. a dtype this CPU's oneDNN cannot reorder
+        _fallback_warning(group, "packing", err)
+        group.choices, group.packed = {}, []
+        return 0
+    _LIVE_PACKS.update(group.packed)
+    return group.nbytes
+
+
+def _describe(group: _Group, one_token: bool) -> dict:
+    shown = {m: (c.kind if c.kind != "pad" else f"pad{c.rows}") for m, c in group.choices.items()}
+    return {"layers": len(group.members), "torch_ms": group.curve.torch_ms, "onednn_ms": group.curve.onednn_ms,
+            "spread": round(group.curve.spread, 3),
+            "choices": {m: shown.get(m, "torch") for m in range(1 if one_token else 2, ROWS[-1] + 1)}}
+
+
+def install(modules, mode: str = "auto", one_token: bool = False) -> KernelReport | None:
     """Measure (or read) and install per-shape kernels for multi-token forwards on the linear layers
-    of `modules` (a language model and its LM head). None where nothing is installed: mode `torch`,
-    a non-CPU device, or no shape where another kernel beats nn.Linear."""
+    of `modules` (a language model and its LM head); with `one_token`, for one-row calls inside
+    `one_token_steps()` too. None where nothing is installed: mode `torch`, a non-CPU device, or no
+    shape where another kernel beats nn.Linear."""
     if mode not in MODES:
         raise ValueError(f"cpu_kernels={mode!r}; expected one of {', '.join(MODES)}")
     layers = [l for l in linear_layers(modules) if l.weight.device.type == "cpu"]
     if mode == "torch" or not layers:
         return None
-    start, report = time.perf_counter(), KernelReport(mode=mode)
-    groups: dict[tuple, list[torch.nn.Linear]] = {}
-    for layer in layers:
-        groups.setdefault((tuple(layer.weight.shape), layer.weight.dtype, layer.bias is not None), []).append(layer)
-    budget = PACK_SHARE * _available_bytes()
-    cache = _load_cache()
-    plan = []
-    for (_shape, _dtype, _bias), members in sorted(groups.items(), key=lambda g: -g[1][0].weight.numel()):
-        first = members[0]
-        group_bytes = sum(l.weight.numel() * l.weight.element_size() for l in members)
-        with_onednn = onednn_available(first.weight) and group_bytes <= budget
-        curve = curve_for(first.weight.detach(), None if first.bias is None else first.bias.detach(),
-                          with_onednn, mode == "measure", cache)
-        choices = curve.choices()
-        if any(c.kind == "onednn" for c in choices.values()):
-            budget -= group_bytes
-            report.packed_mb += group_bytes / 2 ** 20
-        report.shapes[shape_key(first.weight, first.bias, with_onednn)] = {
-            "layers": len(members), "torch_ms": curve.torch_ms, "onednn_ms": curve.onednn_ms,
-            "choices": {m: (c.kind if c.kind != "pad" else f"pad{c.rows}") for m, c in choices.items()}}
-        if any(c.kind != "torch" for c in choices.values()):
-            plan.append((members, choices))
-    _save_cache(cache)
-    for members, choices in plan:
-        for layer in members:
-            _wrap(layer, choices)
+    start, report = time.perf_counter(), KernelReport(mode=mode, one_token=one_token)
+    groups = _groups(layers)
+    with ledger() as book:  # one installer at a time on the machine
+        cache = _load_cache()
+        for group in groups:
+            _measure_group(group, mode == "measure", cache)
+        _save_cache(cache)
+        allowance = book.allowance(_available_bytes())
+        for group in (g for g in groups if g.curve is not None):
+            packed = _choose_and_pack(group, allowance, one_token)
+            allowance -= packed
+            report.packed_mb += packed / 2 ** 20
+            report.shapes[shape_key(group.members[0].weight, group.members[0].bias, group.with_onednn)] = \
+                _describe(group, one_token)
+        book.record()
+    plan = [g for g in groups if g.choices]
+    for group in plan:
+        for layer, packed in zip(group.members, group.packed):
+            _wrap(layer, group.choices, packed)
     report.measure_s = time.perf_counter() - start
     return report if plan else None
 
 
-def _wrap(layer: torch.nn.Linear, choices: dict[int, Choice]) -> None:
-    packed = pack(layer.weight.detach()) if any(c.kind == "onednn" for c in choices.values()) else None
+def _wrap(layer: torch.nn.Linear, choices: dict[int, Choice], packed: torch.Tensor | None) -> None:
     plain = layer.forward
     in_features = layer.in_features
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // in_features
-        choice = choices.get(rows) if _active and not _disabled and rows > 1 else None
+        choice = _row_choice(choices, rows)
         if choice is None or choice.kind == "torch":
             return plain(x)
         x2d = x.reshape(rows, in_features)

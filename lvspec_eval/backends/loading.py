@@ -114,14 +114,20 @@ def placement(device: str, device_map: str | dict | None) -> dict:
 
 def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_implementation: str = "sdpa",
                  device_map: str | None = None, min_pixels: int | None = None,
-                 max_pixels: int | None = None, video_rule: str = "fps", cpu_kernels: str = "torch") -> Backend:
+                 max_pixels: int | None = None, video_rule: str = "fps", cpu_kernels: str = "torch",
+                 one_token_kernels: str = "torch") -> Backend:
     """video_rule: how frames are sized (frame_rules.py); `fps` keeps the checkpoint's own limits.
     cpu_kernels: on a CPU, `auto` / `measure` pick the linear layers' kernels for multi-token forwards
-    by measuring (linear_kernels.py; `measure` ignores the cached measurements); `torch`: nn.Linear."""
+    by measuring (linear_kernels.py; `measure` ignores the cached measurements); `torch`: nn.Linear.
+    one_token_kernels: `engine` also installs the kernel measured fastest for one row, which one-token
+    steps take inside linear_kernels.one_token_steps() (the runner enters it); `torch`: not installed."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
     if cpu_kernels not in linear_kernels.MODES:
         raise ValueError(f"cpu_kernels={cpu_kernels!r}; expected one of {', '.join(linear_kernels.MODES)}")
+    if one_token_kernels not in linear_kernels.ONE_TOKEN_MODES:
+        raise ValueError(f"one_token_kernels={one_token_kernels!r}; expected one of "
+                         f"{', '.join(linear_kernels.ONE_TOKEN_MODES)}")
     attention.tree_path(attn_implementation)  # refuse an unsupported kernel before loading anything
     path = resolve_path(name)
     config = AutoConfig.from_pretrained(path)
@@ -137,5 +143,6 @@ def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_im
     overrides = _preprocess_overrides(path, video_rule, min_pixels=min_pixels, max_pixels=max_pixels)
     backend = families[config.model_type].from_pretrained_parts(model, tokenizer, model.device, overrides)
     # None where nothing was installed (an accelerator, cpu_kernels=torch, or nn.Linear fastest throughout)
-    backend.kernels = linear_kernels.install([backend.text_model(), model.lm_head], cpu_kernels)
+    backend.kernels = linear_kernels.install([backend.text_model(), model.lm_head], cpu_kernels,
+                                             one_token=one_token_kernels == "engine")
     return backend

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..backends import linear_kernels
 from ..backends.loading import load_backend
 from . import loop, methods
 
@@ -42,19 +43,26 @@ class Runner:
                  dtype: str = "float32", attn_implementation: str = "sdpa", options: dict | None = None,
                  drafter: str | None = None, verifier: str | None = None, device_map: str | None = None,
                  min_pixels: int | None = None, max_pixels: int | None = None, video_rule: str = "fps",
-                 target_backend=None, draft_backend=None, paired_timing: bool = False, cpu_kernels: str = "auto"):
+                 target_backend=None, draft_backend=None, paired_timing: bool = False, cpu_kernels: str = "auto",
+                 one_token_kernels: str = "torch"):
         """target_backend / draft_backend: already loaded backends to share (benchmarks run several
         methods on one model in one process). paired_timing: also decode every request with vanilla
         greedy on the same target, right before or after the method (alternating), and put its
         timings in the record (vanilla_decode_s, vanilla_e2e_s, vanilla_prefill_s, vanilla_num_new_tokens,
         vanilla_tokens): speedups on the same clock even when each method is its own lmms-eval run.
         A pair is timed so that a stall cannot decide it (`timed_pair`).
-        cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py)."""
+        cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py).
+        one_token_kernels: `engine`: every one-token step (the method's, and the paired vanilla's) runs the
+        kernel measured fastest for one row, where the backends were loaded with it; `torch`: nn.Linear's."""
+        if one_token_kernels not in linear_kernels.ONE_TOKEN_MODES:
+            raise ValueError(f"one_token_kernels={one_token_kernels!r}; expected one of "
+                             f"{', '.join(linear_kernels.ONE_TOKEN_MODES)}")
         self.spec = methods.resolve(method, drafter, verifier)
         self.method = method if method != "custom" else f"custom:{self.spec.drafter}+{self.spec.verifier}"
         self.options = methods.make_options(self.spec, options or {})
         load = dict(device=device, dtype=dtype, attn_implementation=attn_implementation, device_map=device_map,
-                    min_pixels=min_pixels, max_pixels=max_pixels, video_rule=video_rule, cpu_kernels=cpu_kernels)
+                    min_pixels=min_pixels, max_pixels=max_pixels, video_rule=video_rule, cpu_kernels=cpu_kernels,
+                    one_token_kernels=one_token_kernels)
         self.target = target_backend or load_backend(pretrained, **load)
         self.draft_backend = None
         if self.spec.drafter in ("model", "pruned") and draft not in (None, "self"):
@@ -66,6 +74,7 @@ class Runner:
             vanilla = methods.resolve("vanilla")
             self.baseline = methods.build(vanilla, methods.make_options(vanilla, {}), None, self.target)
         self._requests = 0
+        self.one_token_steps = linear_kernels.one_token_steps if one_token_kernels == "engine" else contextlib.nullcontext
 
     @property
     def device(self) -> torch.device:
@@ -78,7 +87,7 @@ class Runner:
     def generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int,
                  until: tuple[str, ...] = ()) -> Generation:
         def decode(arm) -> loop.Output:
-            with paused_gc():
+            with paused_gc(), self.one_token_steps():
                 return loop.generate(self.target, *arm, prompt, [v.request() for v in videos], max_new_tokens,
                                      tuple(until))
 

@@ -312,13 +312,18 @@ def run(args: argparse.Namespace) -> dict:
         raise ValueError(f"--hf-assisted needs a draft model to assist with (--draft), got {args.draft!r}")
     torch.set_num_threads(args.threads)
     load = dict(device=args.device, dtype=args.dtype, cpu_kernels=args.cpu_kernels)
-    target = load_backend(args.model, **load)
+    # --engine-vanilla: the one-row kernels installed too, taken only by the vanilla_engine arm's steps
+    one_token = "engine" if getattr(args, "engine_vanilla", False) else "torch"
+    target = load_backend(args.model, **load, one_token_kernels=one_token)
     draft = load_backend(args.draft, **load) if args.draft not in (None, "self") else None
     options = _parse_kv(args.options)
     runners = {m: Runner(args.model, method=m, draft=args.draft, options=options, target_backend=target,
                          draft_backend=draft, **load) for m in args.methods.split(",")}
     if "vanilla" not in runners:
         runners = {"vanilla": Runner(args.model, "vanilla", target_backend=target, **load), **runners}
+    if one_token == "engine":
+        runners[ENGINE_VANILLA] = Runner(args.model, "vanilla", target_backend=target, one_token_kernels="engine",
+                                         **load)
     records = run_methods({**runners, **hf_runners(args, target, draft)}, samples, args.max_new_tokens)
     result = {"task": f"prompts:{args.prompts}" if args.prompts else args.task, "limit": args.limit,
               "max_new_tokens": args.max_new_tokens, "options": options, "frames": args.frames,
@@ -327,6 +332,8 @@ def run(args: argparse.Namespace) -> dict:
               "hf": {n: summarise_hf(records[n], records, list(runners)) for n in HF_NAMES if n in records},
               "env": environment(target.device)}
     result["vanilla_step_ms"] = result["methods"]["vanilla"]["verify_step_ms"]
+    if ENGINE_VANILLA in records:
+        result["over_engine_vanilla"] = over_engine_vanilla(records, list(runners))
     if "hf_generate" in result["hf"]:
         result["vanilla_vs_hf_generate"] = result["hf"]["hf_generate"]["ours_ratio"]["vanilla"]
     if args.records:
@@ -334,6 +341,17 @@ def run(args: argparse.Namespace) -> dict:
         Path(args.records).write_text("\n".join(json.dumps({"method": m, **r}, default=str)
                                                 for m, recs in records.items() for r in recs) + "\n")
     return result
+
+
+ENGINE_VANILLA = "vanilla_engine"  # --engine-vanilla: vanilla whose one-token steps run the measured kernel
+
+
+def over_engine_vanilla(records: dict[str, list[dict]], names: list[str]) -> dict[str, dict]:
+    """Each method's speedup over the engine's vanilla (one-token steps on the kernel measured fastest,
+    linear_kernels.one_token_steps) beside its speedup over transformers' one-token path (`methods`):
+    on a CPU the first is what speculation earns alone, the difference what the kernels earn."""
+    base = _per_token(records[ENGINE_VANILLA], "d", "e")
+    return {m: _speedups(base, _per_token(records[m], "d", "e")) for m in names if m != ENGINE_VANILLA}
 
 
 def hf_runners(args: argparse.Namespace, target: Backend, draft: Backend | None) -> dict[str, HFGenerate]:
@@ -393,6 +411,9 @@ def _main(args: argparse.Namespace) -> int:
         print(format_table(result))
     if result.get("hf"):
         print(format_hf_table(result))
+    for m, row in result.get("over_engine_vanilla", {}).items():
+        print(f"{m} over {ENGINE_VANILLA}: decode {row['decode_speedup']:.3f}x, e2e {row['e2e_speedup']:.3f}x "
+              f"{_cell(row['e2e_speedup_ci'])} ({row['e2e_verdict']})")
     if "vanilla_vs_hf_generate" in result:
         print(f"vanilla loop vs transformers generate(): {result['vanilla_vs_hf_generate']:.3f}x tokens/s")
     return 0
@@ -423,6 +444,10 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--cpu-kernels", default="auto", choices=linear_kernels.MODES,
                    help="on a CPU, the linear layers' kernels for multi-token forwards (backends/linear_kernels.py)")
+    p.add_argument("--engine-vanilla", action="store_true",
+                   help=f"also time {ENGINE_VANILLA}: vanilla whose one-token steps run the kernel measured fastest "
+                        "for one row (model_arg one_token_kernels=engine), and give each method's speedup over it "
+                        "(over_engine_vanilla): on a CPU, speculation apart from kernels")
     p.add_argument("--forward-cost", action="store_true",
                    help="print the target's (and draft's) forward cost for 1..64 new tokens against the one-token "
                         "step and the hardware's floor (forward_cost.py), instead of timing methods")

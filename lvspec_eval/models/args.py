@@ -49,6 +49,9 @@ class ModelArgs:
     # on a CPU, the linear layers' kernels for multi-token forwards (verification, drafting): auto = the
     # fastest measured on this machine (cached), measure = measure again, torch = nn.Linear throughout
     cpu_kernels: str = "auto"
+    # on a CPU, one-token steps: torch = transformers' own (lmms-eval's classes' path), engine = the kernel measured
+    # fastest for one row too (an "engine vanilla": a method's speedup over it is the speculation's alone)
+    one_token_kernels: str = "torch"
     device_map: str | None = None
     max_frames: int | None = None  # default 32 (demo: 512, the longest synthvid videos' frame count)
     fps: float | None = None  # default 2.0 (demo: the rate the demo models were trained at)
@@ -116,6 +119,7 @@ class ModelArgs:
         _one_of("dtype", self.dtype, tuple(DTYPES))
         _one_of("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         _one_of("cpu_kernels", self.cpu_kernels, linear_kernels.MODES)
+        _one_of("one_token_kernels", self.one_token_kernels, linear_kernels.ONE_TOKEN_MODES)
         _one_of("on_device_error", self.on_device_error, ON_DEVICE_ERROR)
         _one_of("until", self.until, UNTIL_MODES)
         if self.thinking is not None:  # lmms-eval half-types true/false: accept them for on/off
@@ -143,7 +147,8 @@ class ModelArgs:
                 "dtype": self.dtype, "attn_implementation": self.attn_implementation, "options": dict(self.options),
                 "drafter": self.drafter, "verifier": self.verifier, "device_map": self.device_map,
                 "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing,
-                "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels}
+                "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels,
+                "one_token_kernels": self.one_token_kernels}
 
 
 def documented_arguments() -> list[str]:

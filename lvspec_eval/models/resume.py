@@ -34,6 +34,7 @@ from loguru import logger
 
 from ..backends.loading import DEMO_NAMES
 from .args import ModelArgs
+from .stats_writer import read_lines
 
 # model_args that do not change what a sample decodes (where records go, what a device error does)
 NOT_SETTINGS = ("stats_path", "on_device_error", "batch_size", "max_batch_size")
@@ -113,8 +114,10 @@ class Resume:
 
 
 def read_records(path: Path) -> list[tuple[int, dict]]:
+    """(line number, record) of each complete line, read under the writers' lock, split on "\n" only
+    (stats_writer.read_lines)."""
     out = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_lines(path), 1):
         if line.strip():
             try:
                 out.append((number, json.loads(line)))

@@ -53,6 +53,21 @@ class StatsWriter:
             os.fsync(fd)
 
 
+def read_lines(path: str | Path) -> list[str]:
+    """The complete lines of a stats file, read under a shared lock (the writers' exclusive lock
+    excludes it, so a record another rank is appending is never half read), split on "\n" only:
+    json.dumps(ensure_ascii=False) leaves U+2028, U+2029 and U+0085 raw in an answer, and
+    str.splitlines would cut its record there. A last line without its newline (a killed writer's,
+    not yet cut by StatsWriter) is no record: left out, with a warning."""
+    with open(path, "rb") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+        data = f.read()  # closing the file releases the lock
+    lines = data.decode("utf-8").split("\n")
+    if lines[-1]:
+        logger.warning(f"lvspec: {path} ends with an incomplete line ({len(lines[-1])} characters): not read")
+    return lines[:-1]
+
+
 def cut_torn_tail(fd: int, path: Path) -> None:
     """Truncate a last line without its newline: what a process killed while writing leaves. It is no
     record (that sample never completed), and a line appended after it would be glued to it."""

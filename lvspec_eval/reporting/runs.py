@@ -60,8 +60,11 @@ def is_lossless(method: str, verifier: str | None = None) -> bool:
 
 
 def read_jsonl(path: Path) -> list[dict]:
+    """One JSON object per line, split on "\n" only: JSON writers that keep non-ASCII text raw
+    (ensure_ascii=False: our stats files, lmms-eval's samples files) leave U+2028, U+2029 and U+0085
+    in answers, where str.splitlines would cut a record in pieces."""
     out = []
-    for k, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for k, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), 1):
         if line.strip():
             try:
                 out.append(json.loads(line))
