@@ -158,6 +158,18 @@ def test_online_linear_holds_a_negative_coefficient_at_zero_and_refits_the_rest(
     assert fit.predict([1, 2]) == pytest.approx(2.8, rel=1e-3) and fit.predict([1, 4]) == pytest.approx(5.6, rel=1e-3)
 
 
+def test_online_linear_refits_until_no_coefficient_is_negative():
+    """Draft costs [1, levels, nodes] whose least squares has a negative intercept; refitted with it
+    held at 0, the per-level cost turns negative. Refitting once clipped that to 0 beside the per-node
+    cost fitted with it (1.07); refitting until none is negative holds both at 0 and fits the
+    per-node cost alone: least squares through the origin, sum(F y) / sum(F^2) = 60 / 70."""
+    fit = OnlineLinear(3, decay=1.0, prior_weight=1e-9)
+    fit.prior = np.zeros(3)
+    for levels, nodes, y in ((1, 1, 0.0), (1, 2, 0.0), (2, 2, 2.0), (2, 4, 5.0), (3, 3, 2.0), (3, 6, 5.0)):
+        fit.add([1, levels, nodes], y)
+    np.testing.assert_allclose(fit.theta(), [0.0, 0.0, 60 / 70], atol=1e-6)
+
+
 def test_calibration_learns_that_confident_drafts_miss():
     cal = Calibration()
     for i in range(400):
@@ -353,8 +365,10 @@ def test_one_slow_first_deeper_draft_does_not_rule_depth_out():
 def test_the_nodes_verified_stay_near_what_was_measured():
     policy = make_policy()
     simulate(policy, lambda t: 1.0 + 0.0005 * t, draft_level_cost=0.02, steps=3, coverage=BROAD)
+    from lvspec_eval.decoding.policy import GROWTH
+
     values = torch.zeros(60)  # 60 grown nodes, each certain to be accepted
-    assert policy.choose_total(values, 4, 20) <= 2 * policy.max_tokens - 1
+    assert policy.choose_total(values, 4, 20) <= GROWTH * max(policy.max_tokens, 2) - 1
 
 
 def _two_regimes(policy, first, second, steps, switch):
@@ -435,3 +449,38 @@ def test_engine_backs_off_when_multi_token_forwards_stall(family, make_case, mon
     assert len(later) >= 20, len(later)
     drafted = [s.plan.get("reason") for s in later if s.num_draft_nodes]
     assert len(drafted) <= max(3, len(later) // 6) and set(drafted) <= {"probe"}, drafted
+
+
+def _replay_slow_drafting(policy: AdaptivePolicy, steps: int) -> int:
+    """`steps` steps where the policy's model says a 3-token chain pays twice the plain rate but
+    every drafting step commits 2 tokens in 4 plain steps' time (half the plain rate): how many drafted."""
+    policy.start_sample(1000)
+    policy._best_plan = lambda: (2.0, 3, 1)  # a model that is wrong (rate, depth, width)
+    drafted = 0
+    for _ in range(steps):
+        shape, plan = policy.plan(0)
+        if shape is None:
+            policy.observe(StepStats(0, 0, 0.0, 1.0, plan), None, Verdict([1], [], 0, ["target"]), 1)
+            continue
+        drafted, n = drafted + 1, shape.num_nodes
+        plan["nodes_fed"] = n - 1
+        view = HostView(tokens=list(range(n)), parents=list(range(-1, n - 1)), scores=None, probs=[0.5] * n,
+                        target=[0] * (n + 1), margins=[1.0] * (n + 1))
+        policy.observe(StepStats(n, 1, 1.0, 3.0, plan), view, Verdict([0, 0], [0], 1, ["exact", "target"]), 1)
+    return drafted
+
+
+def test_a_realised_rate_below_plain_backs_off_to_the_probe_schedule():
+    """The guard: drafting at half the plain rate where the model says it pays. Each back-off used to
+    halve the recent steps until fewer than two were left, whose rate counted as unknown: the guard
+    switched itself off and the probe back-off reset (100 of 150 steps drafted). Drafting must come
+    down to the warm-up (a one-token probe, two steps to measure a realised rate) and the probes,
+    1, 2, 4, ... steps apart; without the guard nearly every step drafts."""
+    import math
+
+    steps = 150
+    probes = math.floor(math.log2(steps + 1))  # back-off probes after 1, 2, 4, ... skipped steps
+    assert _replay_slow_drafting(make_policy(), steps) <= 3 + probes
+    unguarded = make_policy()
+    unguarded.regime.below_plain = lambda plain_rate: None
+    assert _replay_slow_drafting(unguarded, steps) > steps // 2

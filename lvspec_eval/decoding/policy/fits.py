@@ -53,16 +53,17 @@ class OnlineLinear:
             scale = np.maximum(np.diagonal(self.xtx) / max(self.count, 1), 1.0)
             reg = self.prior_weight * np.diag(scale)
             a, b = self.xtx + reg, self.xty + reg @ self.prior
-            theta = np.linalg.solve(a, b)
+            theta, free = np.linalg.solve(a, b), np.ones(len(b), dtype=bool)
             # Costs are not negative. Clipping a negative coefficient to 0 would keep the others
             # fitted beside it (a negative intercept with a steep slope, clipped, predicts every
             # larger forward too dear: a run stayed at one-level drafts for that); instead the
-            # others are fitted again with it held at 0.
-            free = theta >= 0
-            if not free.all():
+            # others are fitted again with it held at 0, until none is negative (a refit can turn
+            # another one negative; each round holds at least one more at 0, so it ends).
+            while (theta < 0).any():
+                free &= theta >= 0
                 theta = np.zeros_like(theta)
                 if free.any():
-                    theta[free] = np.clip(np.linalg.solve(a[np.ix_(free, free)], b[free]), 0.0, None)
+                    theta[free] = np.linalg.solve(a[np.ix_(free, free)], b[free])
             self._theta = theta
         return self._theta
 
