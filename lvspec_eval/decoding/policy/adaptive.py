@@ -81,7 +81,7 @@ class AdaptivePolicy:
         self.answer.generated = num_generated
         if self.costs.single is None or self.schedule.plain_due():
             return None, {"depth": 0, "width": 0, "reason": "measure a plain step"}
-        if self.remaining() <= 1.0:  # the answer is expected to end with this step's own token
+        if self.answer.left() <= 1.0:  # the answer is expected to end (or must: its budget) with this step's token
             return None, {"depth": 0, "width": 0, "reason": "answer ends"}
         if not self.costs.drafted:  # nothing drafted yet: a one-token probe (cheapest draft)
             self.schedule.first_probe()
@@ -107,15 +107,16 @@ class AdaptivePolicy:
 
     def _explore(self, depth: int, width: int, info: dict) -> tuple[int, int]:
         """The plan, or now and then a level deeper or a neighbouring width (schedule.Schedule)."""
+        if info.get("reason") == "probe":  # a probe is the cheapest look at drafting, not a larger one
+            return depth, width
         look = self.schedule.exploration()
-        if look == "deeper" and depth < self._deepest(width) and info.get("reason") != "probe":
-            # (a probe is the cheapest look, not a deeper one)
+        if look == "deeper" and depth < self._deepest(width):
             depth += 1
             info.update(depth=depth, reason="explore depth", model_accepted=model_accepted(info["est_accept"], depth))
         elif look in ("wider", "narrower") and len(self.widths) > 1:
             width = neighbour(self.widths, width, look == "wider")
             depth = max(1, min(depth, self._deepest(width)))  # a wider tree stays within what was measured
-            info.update(width=width, depth=depth, reason="explore width",
+            info.update(width=width, depth=depth, reason="explore width", est_accept=self.accept_rate(width),
                         model_accepted=model_accepted(self.accept_rate(width), depth))
         return depth, width
 
@@ -138,7 +139,8 @@ class AdaptivePolicy:
         draft, verify = self.costs.draft.theta(), self.costs.verify.theta()
         return best_plan(None if draft is None else draft.tolist(), None if verify is None else verify.tolist(),
                          self.acceptance.optimistic(), self.acceptance.correction(),
-                         max(self.remaining() - 1.0, 0.0),  # the step's own (bonus) token is the first of them
+                         # the tokens still needed (within the budget: a token past it is thrown away)
+                         max(self.answer.left() - 1.0, 0.0),  # the step's own (bonus) token is the first of them
                          {w: self._deepest(w) for w in self.widths}, self.max_nodes)
 
     def node_value(self, logp: torch.Tensor) -> torch.Tensor:
@@ -177,7 +179,20 @@ class AdaptivePolicy:
         if surprise:
             self.costs.regrow()
         if view is not None and step.num_draft_nodes:
-            self.acceptance.learn(view, verdict, width, plan.get("model_accepted"))
+            self.acceptance.learn(view, verdict, width, self._predicted(plan, view))
+
+    @staticmethod
+    def _predicted(plan: dict, view: HostView) -> float | None:
+        """The accepted tokens the per-level model predicted for the tree verified: choose_total may
+        have cut the grown tree short, and levels that were not verified could not be accepted (held
+        against the grown depth, the shortfall read as the model's optimism: k fell to 0.7 and the
+        policy drafted shallower than the best fixed chain)."""
+        if not plan.get("model_accepted"):
+            return None
+        levels = []
+        for p in view.parents:  # parents come before their children
+            levels.append(1 if p < 0 else levels[p] + 1)
+        return model_accepted(plan["est_accept"], min(plan["depth"], max(levels, default=0)))
 
     def estimates(self) -> dict:
         """The current estimates, for the stats record (so a user can see why it drafted as it did)."""
