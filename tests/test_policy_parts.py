@@ -8,9 +8,24 @@ import math
 import pytest
 import torch
 
-from lvspec_eval.decoding.policy import (CHEAP_SHARE, EXPLORE_EVERY, GROWTH, PREPARE_PROBE, REFRESH_EVERY,
-                                         SURPRISES, AcceptanceModel, AnswerLength, CostModel, Preparation,
-                                         Regime, Schedule, best_plan, choose_total, model_accepted, neighbour)
+from lvspec_eval.decoding.policy import (
+    CHEAP_SHARE,
+    EXPLORE_EVERY,
+    GROWTH,
+    PREPARE_PROBE,
+    REFRESH_EVERY,
+    SURPRISES,
+    AcceptanceModel,
+    AnswerLength,
+    CostModel,
+    Preparation,
+    Regime,
+    Schedule,
+    best_plan,
+    choose_total,
+    model_accepted,
+    neighbour,
+)
 from lvspec_eval.decoding.policy.acceptance import path_ranks
 from lvspec_eval.decoding.types import HostView, Verdict
 
@@ -105,7 +120,7 @@ def test_best_plan_is_the_formula_maximised():
 
 
 def test_choose_total_keeps_the_nodes_that_pay_for_their_verification():
-    verify = lambda n: 1.0 + 0.1 * n  # noqa: E731
+    verify = lambda n: 1.0 + 0.1 * n
     assert choose_total([0.9, 0.8, 0.7, 0.05], 0.5, verify) == 3  # the fourth adds 0.05 for 0.1
     assert choose_total([0.01], 0.5, verify) == 0
 

@@ -31,7 +31,8 @@ def best_plan(draft: Sequence[float] | None, verify: Sequence[float] | None, acc
             c_d *= c
             accepted += c_d
             expected = 1.0 + min(useful, k * accepted)
-            cost = r + a + per_token * (1 + min(width * depth, max_nodes)) + (per_level + per_node * width) * (depth - 1)
+            cost = r + a + per_token * (1 + min(width * depth, max_nodes)) \
+                + (per_level + per_node * width) * (depth - 1)
             candidate = (expected / cost if cost > 0 else 0.0, depth, width)
             best = max(best, candidate)
     return best
