@@ -27,6 +27,10 @@ decoding backs it off. Anchors: transformers' assisted generation (a draft lengt
 shrinks), SpecDec++ (stop where the predicted rejection probability is high), EAGLE-2
 (confidence-ranked dynamic trees).
 """
+from ..tree import (  # (names callers have used as the policy's, e.g. tests/test_lossless.py)
+           Shape,
+           dynamic_shape,
+)
 from .acceptance import NUM_BINS, AcceptanceModel, Calibration, Rate, model_accepted
 from .adaptive import AdaptivePolicy
 from .answer import AnswerLength
@@ -36,29 +40,7 @@ from .regime import RECENT_STEPS, SURPRISE, SURPRISES, Regime
 from .schedule import EXPLORE_EVERY, REFRESH_EVERY, Schedule
 from .search import best_plan, choose_total, neighbour
 
-__all__ = [
-           "CHEAP_SHARE",
-           "EXPLORE_EVERY",
-           "GROWTH",
-           "NUM_BINS",
-           "PREPARE_PROBE",
-           "RECENT",
-           "RECENT_STEPS",
-           "REFRESH_EVERY",
-           "SURPRISE",
-           "SURPRISES",
-           "AcceptanceModel",
-           "AdaptivePolicy",
-           "AnswerLength",
-           "Calibration",
-           "CostModel",
-           "OnlineLinear",
-           "Preparation",
-           "Rate",
-           "Regime",
-           "Schedule",
-           "best_plan",
-           "choose_total",
-           "model_accepted",
-           "neighbour",
-]
+__all__ = ["CHEAP_SHARE", "EXPLORE_EVERY", "GROWTH", "NUM_BINS", "PREPARE_PROBE", "RECENT", "RECENT_STEPS",
+           "REFRESH_EVERY", "SURPRISE", "SURPRISES", "AcceptanceModel", "AdaptivePolicy", "AnswerLength",
+           "Calibration", "CostModel", "OnlineLinear", "Preparation", "Rate", "Regime", "Schedule", "Shape",
+           "best_plan", "choose_total", "dynamic_shape", "model_accepted", "neighbour"]
