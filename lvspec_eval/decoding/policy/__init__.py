@@ -27,10 +27,7 @@ decoding backs it off. Anchors: transformers' assisted generation (a draft lengt
 shrinks), SpecDec++ (stop where the predicted rejection probability is high), EAGLE-2
 (confidence-ranked dynamic trees).
 """
-from ..tree import (  # (names callers have used as the policy's, e.g. tests/test_lossless.py)
-           Shape,
-           dynamic_shape,
-)
+from ..tree import Shape, dynamic_shape  # names callers have used as the policy's (tests/test_lossless.py)
 from .acceptance import NUM_BINS, AcceptanceModel, Calibration, Rate, model_accepted
 from .adaptive import AdaptivePolicy
 from .answer import AnswerLength
