@@ -150,7 +150,7 @@ def static_shape(choices) -> Shape:
 class TreeConfig:
     """Shape of the draft tree: adaptive, EAGLE-2 dynamic, a static list of rank paths, or a chain.
 
-    adaptive: a cost-aware policy (decoding/policy.py) picks depth, width and the nodes to verify
+    adaptive: a cost-aware policy (decoding/policy/) picks depth, width and the nodes to verify
     at every step, within depth <= `depth`, width <= `topk` and nodes <= `total`.
     dynamic: at each depth expand the `topk` best frontier nodes by cumulative draft log-prob,
     each with its `topk` best children; after `depth` levels keep the `total` best nodes

@@ -1,0 +1,49 @@
+"""How many tokens the current answer still needs: the expected tokens of a plan are capped by it
+(after the letter of a multiple-choice answer nothing is left to draft for)."""
+from __future__ import annotations
+
+import math
+
+
+class AnswerLength:
+    """Decayed mean answer length (tokens) per request budget (max_new_tokens, which lmms-eval sets
+    per task), and the current answer's progress. Requests are told apart by budget because lmms-eval
+    runs one task's requests after another's: with one mean for the run, ten one-letter answers of a
+    multiple-choice task made the next task's captions undrafted."""
+
+    def __init__(self):
+        self.mean_lengths: dict[int | None, float] = {}
+        self.budget: int | None = None  # the current request's max_new_tokens
+        self.sample_tokens = 0  # tokens committed so far in the current answer
+        self.generated = 0  # tokens the current answer had when this step was planned
+
+    def start(self, budget: int | None) -> None:
+        """A new request of `budget` tokens: fold the last answer into its budget's mean length."""
+        if self.sample_tokens:
+            n, mean = self.sample_tokens, self.mean_lengths.get(self.budget)
+            self.mean_lengths[self.budget] = n if mean is None else 0.8 * mean + 0.2 * n
+        self.sample_tokens = 0
+        self.budget = budget
+
+    def committed(self, tokens: list[int], eos_token_ids: frozenset[int]) -> None:
+        """This step committed `tokens`; the answer's length counts up to its end token."""
+        ends = [i for i, t in enumerate(tokens) if t in eos_token_ids]
+        self.sample_tokens = self.generated + (ends[0] + 1 if ends else len(tokens))
+
+    @property
+    def mean_length(self) -> float | None:
+        """The mean answer length of requests with the current one's budget (None: none seen yet)."""
+        return self.mean_lengths.get(self.budget)
+
+    def remaining(self) -> float:
+        """Tokens the answer is still expected to need: the mean length minus what this one has, but
+        never under a quarter of the mean (an answer longer than most goes on). A one-token answer
+        (multiple choice) leaves nothing to draft for: no step pays for a draft there."""
+        if self.mean_length is None:
+            return math.inf
+        return max(self.mean_length - self.generated, self.mean_length / 4)
+
+    def left(self) -> float:
+        """The tokens still needed, within the request's budget."""
+        left = self.remaining()
+        return min(left, self.budget - self.generated) if self.budget else left
