@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from . import attention, linear_kernels, linear_state
+from . import attention, draft_precision, linear_kernels, linear_state
 from .base import Backend
 from .frame_rules import check_rule
 from .chat_template import load_tokenizer
@@ -139,3 +139,35 @@ def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_im
     # None where nothing was installed (an accelerator, cpu_kernels=torch, or nn.Linear fastest throughout)
     backend.kernels = linear_kernels.install([backend.text_model(), model.lm_head], cpu_kernels)
     return backend
+
+
+def load_draft(name: str, draft_dtype: str | None = None, **load) -> Backend:
+    """The draft model, in `draft_dtype` (draft_precision.py): float32 / bfloat16 / float16 as asked;
+    `auto` on a CPU the faster of float32 and bfloat16 as measured on this machine (cached), on an
+    accelerator the load dtype (`load["dtype"]`, the target's). The choice is made before the CPU's
+    multi-token kernels are measured and installed, so those are measured in the dtype the draft runs
+    in. None: the load dtype, as the target. The backend's `precision` says what was chosen and why."""
+    if draft_dtype is None:
+        return load_backend(name, **load)
+    if draft_dtype not in draft_precision.DRAFT_DTYPES:
+        raise ValueError(f"draft_dtype={draft_dtype!r}; expected one of {', '.join(draft_precision.DRAFT_DTYPES)}")
+    if draft_dtype != "auto":
+        backend = load_backend(name, **{**load, "dtype": draft_dtype})
+        backend.precision = draft_precision.Decision(draft_dtype, "draft_dtype")
+        return backend
+    kernels = load.get("cpu_kernels", "torch")
+    backend = load_backend(name, **{**load, "cpu_kernels": "torch"})
+    modules = [backend.text_model(), backend.model.lm_head]
+    backend.precision = draft_precision.choose(modules, backend.device, backend.model.dtype, kernels == "measure")
+    if backend.precision.dtype != str(backend.model.dtype).removeprefix("torch."):
+        cast_parameters(backend.model, DTYPES[backend.precision.dtype])
+    backend.kernels = linear_kernels.install(modules, kernels)
+    return backend
+
+
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """The weights in `dtype`, buffers left alone: as from_pretrained(dtype=...) loads a model, the
+    rotary embeddings' inverse frequencies stay float32 (`model.to` would round them too)."""
+    for param in model.parameters():
+        if param.is_floating_point():
+            param.data = param.data.to(dtype)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..backends import linear_kernels
+from ..backends.draft_precision import DRAFT_DTYPES
 from ..backends.frame_rules import VIDEO_RULES
 from ..backends.loading import DEMO_NAMES, DTYPES
 from ..decoding import methods
@@ -49,6 +50,11 @@ class ModelArgs:
     # on a CPU, the linear layers' kernels for multi-token forwards (verification, drafting): auto = the
     # fastest measured on this machine (cached), measure = measure again, torch = nn.Linear throughout
     cpu_kernels: str = "auto"
+    # the draft model's precision (backends/draft_precision.py): auto = measured on this CPU (bfloat16 where
+    # it is faster), float32 | bfloat16 | float16; default: dtype's. Exact methods output the same either way
+    draft_dtype: str | None = None
+    draft_vocab: int | None = None  # FR-Spec: the draft's LM head cut to its K most frequent tokens (draft_vocab.py)
+    draft_vocab_table: str | None = None  # the token-frequency table for draft_vocab (default: the demo's, for the demo)
     device_map: str | None = None
     max_frames: int | None = None  # default 32 (demo: 512, the longest synthvid videos' frame count)
     fps: float | None = None  # default 2.0 (demo: the rate the demo models were trained at)
@@ -116,6 +122,8 @@ class ModelArgs:
         _one_of("dtype", self.dtype, tuple(DTYPES))
         _one_of("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         _one_of("cpu_kernels", self.cpu_kernels, linear_kernels.MODES)
+        if self.draft_dtype is not None:
+            _one_of("draft_dtype", self.draft_dtype, DRAFT_DTYPES)
         _one_of("on_device_error", self.on_device_error, ON_DEVICE_ERROR)
         _one_of("until", self.until, UNTIL_MODES)
         if self.thinking is not None:  # lmms-eval half-types true/false: accept them for on/off
@@ -143,7 +151,7 @@ class ModelArgs:
                 "dtype": self.dtype, "attn_implementation": self.attn_implementation, "options": dict(self.options),
                 "drafter": self.drafter, "verifier": self.verifier, "device_map": self.device_map,
                 "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing,
-                "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels}
+                "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels, "draft_dtype": self.draft_dtype}
 
 
 def documented_arguments() -> list[str]:
