@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "lvspec_eval.reporting.report",  # report
     "lvspec_eval.reporting.check",  # check
     "lvspec_eval.measure.dry_run",  # dry-run
+    "lvspec_eval.decoding.draft_vocab",  # draft-vocab
     "lvspec_eval.decoding.drafters.sparrow_train",  # train-sparrow
     "judges.cli",  # judge, judge-check
 )

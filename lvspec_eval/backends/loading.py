@@ -141,25 +141,32 @@ def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_im
     return backend
 
 
-def load_draft(name: str, draft_dtype: str | None = None, **load) -> Backend:
+def load_draft(name: str, draft_dtype: str | None = None, vocab: int | None = None, vocab_table: str | None = None,
+               **load) -> Backend:
     """The draft model, in `draft_dtype` (draft_precision.py): float32 / bfloat16 / float16 as asked;
     `auto` on a CPU the faster of float32 and bfloat16 as measured on this machine (cached), on an
-    accelerator the load dtype (`load["dtype"]`, the target's). The choice is made before the CPU's
-    multi-token kernels are measured and installed, so those are measured in the dtype the draft runs
-    in. None: the load dtype, as the target. The backend's `precision` says what was chosen and why."""
-    if draft_dtype is None:
-        return load_backend(name, **load)
-    if draft_dtype not in draft_precision.DRAFT_DTYPES:
+    accelerator the load dtype (`load["dtype"]`, the target's); None: the load dtype, as the target.
+    vocab: FR-Spec, the LM head cut to the `vocab` most frequent tokens of `vocab_table`
+    (decoding/draft_vocab.py). Both are settled before the CPU's multi-token kernels are measured and
+    installed, so those are measured on the weights the draft runs with. The backend's `precision`
+    says what was chosen and why; `vocab_size` how many tokens its head keeps."""
+    if draft_dtype is not None and draft_dtype not in draft_precision.DRAFT_DTYPES:
         raise ValueError(f"draft_dtype={draft_dtype!r}; expected one of {', '.join(draft_precision.DRAFT_DTYPES)}")
-    if draft_dtype != "auto":
-        backend = load_backend(name, **{**load, "dtype": draft_dtype})
-        backend.precision = draft_precision.Decision(draft_dtype, "draft_dtype")
-        return backend
     kernels = load.get("cpu_kernels", "torch")
-    backend = load_backend(name, **{**load, "cpu_kernels": "torch"})
+    fixed = draft_dtype not in (None, "auto")
+    backend = load_backend(name, **{**load, "cpu_kernels": "torch", **({"dtype": draft_dtype} if fixed else {})})
+    if vocab is not None:
+        from ..decoding import draft_vocab
+
+        table = draft_vocab.table_for(vocab_table, backend.tokenizer, name)
+        draft_vocab.restrict(backend.model, draft_vocab.kept_ids(table, vocab, backend.tokenizer, backend.eos_token_ids))
     modules = [backend.text_model(), backend.model.lm_head]
-    backend.precision = draft_precision.choose(modules, backend.device, backend.model.dtype, kernels == "measure")
-    if backend.precision.dtype != str(backend.model.dtype).removeprefix("torch."):
+    loaded = str(backend.model.dtype).removeprefix("torch.")
+    if draft_dtype == "auto":
+        backend.precision = draft_precision.choose(modules, backend.device, backend.model.dtype, kernels == "measure")
+    else:
+        backend.precision = draft_precision.Decision(loaded, "draft_dtype" if fixed else "the target's dtype")
+    if backend.precision.dtype != loaded:
         cast_parameters(backend.model, DTYPES[backend.precision.dtype])
     backend.kernels = linear_kernels.install(modules, kernels)
     return backend

@@ -43,7 +43,7 @@ class Runner:
                  drafter: str | None = None, verifier: str | None = None, device_map: str | None = None,
                  min_pixels: int | None = None, max_pixels: int | None = None, video_rule: str = "fps",
                  target_backend=None, draft_backend=None, paired_timing: bool = False, cpu_kernels: str = "auto",
-                 draft_dtype: str | None = None):
+                 draft_dtype: str | None = None, draft_vocab: int | None = None, draft_vocab_table: str | None = None):
         """target_backend / draft_backend: already loaded backends to share (benchmarks run several
         methods on one model in one process). paired_timing: also decode every request with vanilla
         greedy on the same target, right before or after the method (alternating), and put its
@@ -51,7 +51,8 @@ class Runner:
         vanilla_tokens): speedups on the same clock even when each method is its own lmms-eval run.
         A pair is timed so that a stall cannot decide it (`timed_pair`).
         cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py).
-        draft_dtype: the draft model's precision (backends/draft_precision.py; `auto`: measured; None: dtype's)."""
+        draft_dtype: the draft model's precision (backends/draft_precision.py; `auto`: measured; None: dtype's).
+        draft_vocab / draft_vocab_table: FR-Spec, the draft's LM head cut to its K most frequent tokens (draft_vocab.py)."""
         self.spec = methods.resolve(method, drafter, verifier)
         self.method = method if method != "custom" else f"custom:{self.spec.drafter}+{self.spec.verifier}"
         self.options = methods.make_options(self.spec, options or {})
@@ -60,7 +61,8 @@ class Runner:
         self.target = target_backend or load_backend(pretrained, **load)
         self.draft_backend = None
         if self.spec.drafter in ("model", "pruned") and draft not in (None, "self"):
-            self.draft_backend = draft_backend or load_draft(draft, draft_dtype, **load)
+            self.draft_backend = draft_backend or load_draft(
+                draft, draft_dtype, draft_vocab, draft_vocab_table, **load)
             check_pairing(self.target, self.draft_backend, pretrained, draft)
         self.drafter, self.verifier = methods.build(self.spec, self.options, self.draft_backend, self.target)
         self.baseline = None  # (drafter, verifier) of vanilla decoding, timed beside each request

@@ -30,7 +30,7 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 ON_DEVICE_ERROR = ("abort", "skip")  # what a CUDA error or out-of-memory does (models/lvspec.py)
 # verifier/drafter options owned by their modules (FLy, LVSpec, PST, Sparrow, MTP): passed through typed
 OPTION_PREFIXES = ("fly_", "lv_", "pst", "sparrow_", "mtp_")
-PATH_ARGS = ("pretrained", "draft")
+PATH_ARGS = ("pretrained", "draft", "draft_vocab_table")
 DEFAULT_FPS, DEFAULT_MAX_FRAMES = 2.0, 32
 # pretrained=demo samples every frame of every synthvid video: the longest task
 # (synthvid_caption_f512, lvspec_eval/demo/tasks_data.py) has 512 frames = 4,096 visual tokens
@@ -133,7 +133,7 @@ class ModelArgs:
         if self.batch_size != 1:
             raise ValueError(f"batch_size={self.batch_size} is not supported: lvspec decodes one request at a time "
                              "(speculative decoding is measured at batch 1); use batch_size=1")
-        for name in ("max_frames", "max_new_tokens", "min_pixels", "max_pixels"):
+        for name in ("max_frames", "max_new_tokens", "min_pixels", "max_pixels", "draft_vocab"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}={value} must be a positive integer")
@@ -151,7 +151,8 @@ class ModelArgs:
                 "dtype": self.dtype, "attn_implementation": self.attn_implementation, "options": dict(self.options),
                 "drafter": self.drafter, "verifier": self.verifier, "device_map": self.device_map,
                 "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing,
-                "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels, "draft_dtype": self.draft_dtype}
+                "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels, "draft_dtype": self.draft_dtype,
+                "draft_vocab": self.draft_vocab, "draft_vocab_table": self.draft_vocab_table}
 
 
 def documented_arguments() -> list[str]:
