@@ -311,7 +311,8 @@ def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     load = dict(device=args.device, dtype=args.dtype, cpu_kernels=args.cpu_kernels)
     target = load_backend(args.model, **load)
-    draft = load_draft(args.draft, args.draft_dtype, **load) if args.draft not in (None, "self") else None
+    draft = load_draft(args.draft, args.draft_dtype, args.draft_vocab, args.draft_vocab_table, **load) \
+        if args.draft not in (None, "self") else None
     options = _parse_kv(args.options)
     runners = {m: Runner(args.model, method=m, draft=args.draft, options=options, target_backend=target,
                          draft_backend=draft, **load) for m in args.methods.split(",")}
@@ -339,20 +340,19 @@ def run(args: argparse.Namespace) -> dict:
 def hf_runners(args: argparse.Namespace, target: Backend, draft: Backend | None) -> dict[str, HFGenerate]:
     """transformers' greedy generate() (--hf-baseline) and assisted generation (--hf-assisted), the
     latter once per --hf-assistant-dtype: `same` (the default) gives transformers' assistant the
-    draft our methods run (same weights, same precision: like is compared with like), a dtype a
-    copy of the draft loaded in it (row hf_assisted_<dtype>; the same as `same` gets no second row)."""
+    draft our methods run (same weights, same precision: like is compared with like; with its full
+    vocabulary, a copy where --draft-vocab cut ours), a dtype a copy of the draft loaded in it (row
+    hf_assisted_<dtype>; the same as `same` gets no second row)."""
     out = {}
     if args.hf_baseline:
         out["hf_generate"] = HFGenerate(target)
     if not args.hf_assisted:
         return out
     ours = str(draft.model.dtype).removeprefix("torch.")
-    for dtype in dict.fromkeys(args.hf_assistant_dtype.split(",")):
-        if dtype == "same" or dtype == ours:
-            out.setdefault("hf_assisted", HFGenerate(target, assistant=draft))
-        else:
-            assistant = load_backend(args.draft, device=args.device, dtype=dtype)  # nn.Linear, as transformers runs
-            out[f"hf_assisted_{dtype}"] = HFGenerate(target, assistant=assistant)
+    for dtype in dict.fromkeys(ours if d == "same" else d for d in args.hf_assistant_dtype.split(",")):
+        reuse = dtype == ours and args.draft_vocab is None  # our draft itself: same weights, same precision
+        assistant = draft if reuse else load_backend(args.draft, device=args.device, dtype=dtype)  # nn.Linear
+        out["hf_assisted" if dtype == ours else f"hf_assisted_{dtype}"] = HFGenerate(target, assistant=assistant)
     return out
 
 
@@ -437,6 +437,9 @@ def register(sub) -> None:
                    help="also time transformers' assisted generation: generate(assistant_model=the draft)")
     p.add_argument("--draft-dtype", default=None, choices=draft_precision.DRAFT_DTYPES,
                    help="the draft model's precision (model_arg draft_dtype; default: --dtype; auto: measured on this CPU)")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="FR-Spec: cut the draft's LM head to its K most frequent tokens (model_arg draft_vocab)")
+    p.add_argument("--draft-vocab-table", default=None, help="the frequency table for --draft-vocab (lvspec-eval draft-vocab)")
     p.add_argument("--hf-assistant-dtype", default="same",
                    help="with --hf-assisted: the assistant's precision, comma-separated for several rows: same (the "
                         "draft as our methods run it, the default), float32, bfloat16, float16")
