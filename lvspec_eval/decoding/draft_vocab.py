@@ -176,7 +176,7 @@ def module_folder(name: str) -> str:
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(f"--module {name}: not an installed package")
-    return list(spec.submodule_search_locations)[0]
+    return next(iter(spec.submodule_search_locations))
 
 
 def _main(args) -> int:

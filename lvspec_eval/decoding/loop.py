@@ -19,7 +19,13 @@ import torch
 
 from ..backends.base import Backend
 from . import tree
-from .stats import ForwardClock, SampleStats, memory_devices, peak_memory_mb, reset_peak_memory
+from .stats import (
+    ForwardClock,
+    SampleStats,
+    memory_devices,
+    peak_memory_mb,
+    reset_peak_memory,
+)
 from .types import TARGET, StepStats
 
 

@@ -12,6 +12,7 @@ import resource
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
+from typing import Self
 
 import torch
 
@@ -108,7 +109,7 @@ class ForwardClock:
     def _stop(self, *_args) -> None:
         self.seconds += time.perf_counter() - self._started
 
-    def __enter__(self) -> ForwardClock:
+    def __enter__(self) -> Self:
         for module in self.modules:
             self._handles += [module.register_forward_pre_hook(self._start), module.register_forward_hook(self._stop)]
         return self
