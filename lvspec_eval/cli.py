@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "lvspec_eval.reporting.check",  # check
     "lvspec_eval.measure.dry_run",  # dry-run
     "lvspec_eval.training.sparrow",  # train-sparrow
+    "lvspec_eval.training.draft_vocab",  # draft-vocab
     "judges.cli",  # judge, judge-check
 )
 

@@ -231,3 +231,33 @@ def test_bench_speed_is_per_token_so_shorter_answers_are_not_faster():
     assert row["e2e_request_speedup"] == 2.0 and row["length_ratio"] == 0.5
     few = bench.summarise("m", [rec(1.0, 10)] * 4, [rec(2.0, 10)] * 4, samples[:4])
     assert few["e2e_speedup"] == 2.0 and few["e2e_verdict"] == "too few requests"
+
+
+def test_hf_assisted_gets_the_drafts_precision_and_a_float32_row(tmp_path, monkeypatch):
+    """--draft-dtype bfloat16 --hf-assistant-dtype same,float32: transformers' assistant is our bf16
+    draft itself (like with like) in row hf_assisted, and a float32 copy in row hf_assisted_float32."""
+    assistants = {}
+    real = bench.HFGenerate.__init__
+
+    def spy(self, target, assistant=None):
+        real(self, target, assistant)
+        assistants[id(self)] = None if assistant is None else assistant.model.dtype
+
+    monkeypatch.setattr(bench.HFGenerate, "__init__", spy)
+    args = _bench_args(tmp_path, "--target", "demo", "--draft", "demo-draft", "--methods", "vanilla,sd_tree",
+                       "--prompts", "builtin", "--limit", "1", "--hf-assisted", "--draft-dtype", "bfloat16",
+                       "--hf-assistant-dtype", "same,float32")
+    result = bench.run(args)
+    assert set(result["hf"]) == {"hf_assisted", "hf_assisted_float32"}
+    assert sorted(map(str, assistants.values())) == ["torch.bfloat16", "torch.float32"]
+    assert result["draft_dtype"] == "bfloat16" and result["methods"]["sd_tree"]["exact_match_rate"] == 1.0
+    assert all(row["exact_match_rate"] == 1.0 for row in result["hf"].values())
+
+
+def test_hf_assistant_dtype_is_checked_before_loading(monkeypatch):
+    from lvspec_eval import cli
+
+    monkeypatch.setattr(bench, "load_backend", lambda *a, **k: pytest.fail("loaded a model before checking"))
+    with pytest.raises(ValueError, match="--hf-assistant-dtype int8"):
+        bench.run(cli.build_parser().parse_args(["bench", "--hf-assisted", "--hf-assistant-dtype", "same,int8",
+                                                 "--prompts", "builtin"]))

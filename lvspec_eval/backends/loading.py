@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from . import attention, linear_kernels, linear_state
+from . import attention, draft_precision, draft_vocab, linear_kernels, linear_state
 from .base import Backend
 from .frame_rules import check_rule
 from .chat_template import load_tokenizer
@@ -146,3 +146,41 @@ def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_im
     backend.kernels = linear_kernels.install([backend.text_model(), model.lm_head], cpu_kernels,
                                              one_token=one_token_kernels == "engine")
     return backend
+
+
+def load_draft(name: str, draft_dtype: str | None = None, vocab: int | None = None, vocab_table: str | None = None,
+               **load) -> Backend:
+    """The draft model, in `draft_dtype` (draft_precision.py): float32 / bfloat16 / float16 as asked;
+    `auto` on a CPU the faster of float32 and bfloat16 as measured on this machine (cached), on an
+    accelerator the load dtype (`load["dtype"]`, the target's); None: the load dtype, as the target.
+    vocab: FR-Spec, the LM head cut to the `vocab` most frequent tokens of `vocab_table`
+    (backends/draft_vocab.py). Both are settled before the CPU's multi-token kernels are measured and
+    installed, so those are measured on the weights the draft runs with. The backend's `precision`
+    says what was chosen and why; `vocab_size` how many tokens its head keeps."""
+    if draft_dtype is not None and draft_dtype not in draft_precision.DRAFT_DTYPES:
+        raise ValueError(f"draft_dtype={draft_dtype!r}; expected one of {', '.join(draft_precision.DRAFT_DTYPES)}")
+    kernels = load.get("cpu_kernels", "torch")
+    fixed = draft_dtype not in (None, "auto")
+    backend = load_backend(name, **{**load, "cpu_kernels": "torch", "one_token_kernels": "torch",
+                                    **({"dtype": draft_dtype} if fixed else {})})
+    if vocab is not None:
+        table = draft_vocab.table_for(vocab_table, backend.tokenizer, resolve_path(name))
+        draft_vocab.restrict(backend.model, draft_vocab.kept_ids(table, vocab, backend.tokenizer, backend.eos_token_ids))
+    modules = [backend.text_model(), backend.model.lm_head]
+    loaded = str(backend.model.dtype).removeprefix("torch.")
+    if draft_dtype == "auto":
+        backend.precision = draft_precision.choose(modules, backend.device, backend.model.dtype, kernels == "measure")
+    else:
+        backend.precision = draft_precision.Decision(loaded, "draft_dtype" if fixed else "the target's dtype")
+    if backend.precision.dtype != loaded:
+        cast_parameters(backend.model, DTYPES[backend.precision.dtype])
+    backend.kernels = linear_kernels.install(modules, kernels, one_token=load.get("one_token_kernels") == "engine")
+    return backend
+
+
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """The weights in `dtype`, buffers left alone: as from_pretrained(dtype=...) loads a model, the
+    rotary embeddings' inverse frequencies stay float32 (`model.to` would round them too)."""
+    for param in model.parameters():
+        if param.is_floating_point():
+            param.data = param.data.to(dtype)

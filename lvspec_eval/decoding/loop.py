@@ -19,7 +19,13 @@ import torch
 
 from ..backends.base import Backend
 from . import tree
-from .stats import SampleStats, memory_devices, peak_memory_mb, reset_peak_memory
+from .stats import (
+    ForwardClock,
+    SampleStats,
+    memory_devices,
+    peak_memory_mb,
+    reset_peak_memory,
+)
 from .types import TARGET, StepStats
 
 
@@ -79,11 +85,29 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     inputs.extra.pop("embeds", None)  # the prompt's embeddings are not needed past the prefills
     # 3. The first token comes from the prefill; then draft, score, verify, commit.
     first, margin = _greedy_with_margin(logits)
-    generated, kinds, relevance, replaced, margins = [first], [TARGET], [None], [None], [margin]
+    generated, records = [first], _TokenRecords([TARGET], [None], [None], [margin])
     state.pending = list(generated)
-    t_start = t_prev = clock()
-    prepare_in_decode = 0.0  # draft preparation done inside a step (lazy): not decoding time
-    while not _finished(backend, generated, max_new_tokens, until):
+    t_start = clock()
+    with ForwardClock(_forward_modules(backend, drafter)) as forwards:
+        prepare_in_decode = _decode(backend, drafter, verifier, state, layers, generated, records, stats,
+                                    StopCheck(backend, max_new_tokens, until), clock, forwards)
+    stats.decode_s = clock() - t_start - prepare_in_decode
+    n, text = _truncate(backend, generated, max_new_tokens, until)
+    stats.num_new_tokens = n
+    _record_preparation(stats, getattr(drafter, "preparation", None))
+    stats.policy = drafter.estimates()
+    stats.e2e_s = clock() - t0
+    stats.peak_memory_mb = peak_memory_mb(devices)
+    return Output(tokens=generated[:n], text=text, stats=stats, kinds=records.kinds[:n],
+                  relevance=records.relevance[:n], replaced=records.replaced[:n], margins=records.margins[:n])
+
+
+def _decode(backend, drafter, verifier, state, layers, generated: list[int], records: _TokenRecords,
+            stats: SampleStats, stop: StopCheck, clock, forwards: ForwardClock) -> float:
+    """Draft, score, verify and commit until `stop`; extends `generated` and `records` in place.
+    Returns the seconds spent preparing a lazy draft inside the steps (not decoding time)."""
+    prepare_in_decode, t_prev, fwd_prev = 0.0, clock(), forwards.seconds
+    while not _finished(stop, generated):
         before = _prepared_s(drafter)
         draft = drafter.propose(generated)
         t_drafted = clock()
@@ -93,28 +117,16 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
         verdict = verifier.verify(draft, scores, state.visual_hidden)
         backend.commit(state, verdict)
         t_verified = clock()
-        view = scores.host_view(draft)  # made by the verifier already: no second transfer
         step = StepStats(draft.num_nodes, verdict.num_accepted, t_drafted - t_prev - prepared,
                          t_verified - t_drafted, draft.plan)
         drafter.observe(verdict, scores, step)  # its bookkeeping counts as the next step's drafting
         generated += verdict.tokens
-        kinds += verdict.kinds
-        relevance += verdict.relevance or [None] * len(verdict.tokens)
-        replaced += [None] * verdict.num_accepted + [_overruled(view, verdict)]
-        margins += _committed_margins(view, verdict)
-        stats.steps.append(step)
-        stats.draft_s += step.draft_s
-        stats.verify_s += step.verify_s
-        t_prev = t_verified
-    stats.decode_s = clock() - t_start - prepare_in_decode
-    n, text = _truncate(backend, generated, max_new_tokens, until)
-    stats.num_new_tokens = n
-    _record_preparation(stats, getattr(drafter, "preparation", None))
-    stats.policy = drafter.estimates()
-    stats.e2e_s = clock() - t0
-    stats.peak_memory_mb = peak_memory_mb(devices)
-    return Output(tokens=generated[:n], text=text, stats=stats, kinds=kinds[:n], relevance=relevance[:n],
-                  replaced=replaced[:n], margins=margins[:n])
+        records.add(scores.host_view(draft), verdict)  # the verifier made the view: no second transfer
+        stats.add_step(step)
+        if not prepared:  # the step that prepared a lazy draft is left out: its forwards are preparation
+            stats.add_step_time(t_verified - t_prev, forwards.seconds - fwd_prev)
+        t_prev, fwd_prev = t_verified, forwards.seconds
+    return prepare_in_decode
 
 
 def _prepared_s(drafter) -> float:
@@ -132,6 +144,17 @@ def _record_preparation(stats: SampleStats, preparation) -> None:
     stats.draft_prepared_at = preparation.at
     if preparation.kept_visual_tokens is not None:
         stats.kept_visual_tokens = preparation.kept_visual_tokens
+
+
+def _forward_modules(backend: Backend, drafter) -> list[torch.nn.Module]:
+    """The modules whose forwards are model work (the rest of a step is the loop's overhead): the
+    target's and the draft model's decoder stacks and LM heads, and a drafter's own head (Sparrow, MTP)."""
+    modules = [backend.text_model(), backend.model.lm_head]
+    draft = getattr(drafter, "backend", None)
+    if draft is not None and draft is not backend:
+        modules += [draft.text_model(), draft.model.lm_head]
+    head = getattr(drafter, "head", None)
+    return modules + ([head] if isinstance(head, torch.nn.Module) else [])
 
 
 def _greedy_with_margin(logits: torch.Tensor) -> tuple[int, float]:
@@ -155,10 +178,59 @@ def _overruled(view, verdict) -> int | None:
     return None if child is None else view.tokens[child]
 
 
-def _finished(backend: Backend, generated: list[int], max_new_tokens: int, until) -> bool:
-    if len(generated) >= max_new_tokens or any(t in backend.eos_token_ids for t in generated):
-        return True
-    return bool(until) and any(s in backend.tokenizer.decode(generated) for s in until)
+@dataclass
+class _TokenRecords:
+    """Per committed token: how it was committed, its relevance, the draft token it overruled and the
+    target's margin (Output's lists), appended step by step."""
+
+    kinds: list[str]
+    relevance: list[float | None]
+    replaced: list[int | None]
+    margins: list[float]
+
+    def add(self, view, verdict) -> None:
+        self.kinds += verdict.kinds
+        self.relevance += verdict.relevance or [None] * len(verdict.tokens)
+        self.replaced += [None] * verdict.num_accepted + [_overruled(view, verdict)]
+        self.margins += _committed_margins(view, verdict)
+
+
+def _finished(stop: StopCheck, generated: list[int]) -> bool:
+    """Checked once before every step (tests count a step's work between two calls)."""
+    return stop(generated)
+
+
+class StopCheck:
+    """Whether an answer is done: the limit, an EOS token, or a stop string in its text.
+
+    Called once per step, it looks only at what the step added: the new tokens for EOS, and for the
+    stop strings the text of the new tokens with TAIL_SLACK + the longest stop string's length in
+    tokens before them (a stop string that ends in the new text starts at most that many characters
+    back, and a token is at least one character, so it lies in that window). Decoding the whole answer
+    every step cost O(length) per step; this costs O(new tokens). A hit in the window is confirmed
+    on the whole text, so the answer stops exactly where a whole-text check would stop it.
+    """
+
+    TAIL_SLACK = 4  # extra tokens in the window, for tokens that decode to nothing on their own (byte pieces)
+
+    def __init__(self, backend: Backend, max_new_tokens: int, until: tuple[str, ...] = ()):
+        self.eos, self.decode, self.limit = backend.eos_token_ids, backend.tokenizer.decode, max_new_tokens
+        self.until = tuple(s for s in until if s)
+        self.window = max((len(s) for s in self.until), default=0) + self.TAIL_SLACK
+        self.checked = 0  # tokens of `generated` already looked at
+
+    def __call__(self, generated: list[int]) -> bool:
+        start, self.checked = self.checked, len(generated)
+        if len(generated) >= self.limit or any(t in self.eos for t in generated[start:]):
+            return True
+        if not self.until or start == len(generated):
+            return False
+        tail = self.decode(generated[max(0, start - self.window):])
+        return any(s in tail for s in self.until) and self._in_whole(generated)
+
+    def _in_whole(self, generated: list[int]) -> bool:
+        text = self.decode(generated)
+        return any(s in text for s in self.until)
 
 
 def _truncate(backend: Backend, generated: list[int], max_new_tokens: int, until) -> tuple[int, str]:

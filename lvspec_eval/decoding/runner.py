@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..backends import linear_kernels
-from ..backends.loading import load_backend
+from ..backends.loading import load_backend, load_draft
 from . import loop, methods
 
 
@@ -44,7 +44,8 @@ class Runner:
                  drafter: str | None = None, verifier: str | None = None, device_map: str | None = None,
                  min_pixels: int | None = None, max_pixels: int | None = None, video_rule: str = "fps",
                  target_backend=None, draft_backend=None, paired_timing: bool = False, cpu_kernels: str = "auto",
-                 one_token_kernels: str = "torch"):
+                 one_token_kernels: str = "torch", draft_dtype: str | None = None,
+                 draft_vocab: int | None = None, draft_vocab_table: str | None = None):
         """target_backend / draft_backend: already loaded backends to share (benchmarks run several
         methods on one model in one process). paired_timing: also decode every request with vanilla
         greedy on the same target, right before or after the method (alternating), and put its
@@ -53,7 +54,9 @@ class Runner:
         A pair is timed so that a stall cannot decide it (`timed_pair`).
         cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py).
         one_token_kernels: `engine`: every one-token step (the method's, and the paired vanilla's) runs the
-        kernel measured fastest for one row, where the backends were loaded with it; `torch`: nn.Linear's."""
+        kernel measured fastest for one row, where the backends were loaded with it; `torch`: nn.Linear's.
+        draft_dtype: the draft model's precision (backends/draft_precision.py; `auto`: measured; None: dtype's).
+        draft_vocab / draft_vocab_table: FR-Spec, the draft's LM head cut to its K most frequent tokens (draft_vocab.py)."""
         if one_token_kernels not in linear_kernels.ONE_TOKEN_MODES:
             raise ValueError(f"one_token_kernels={one_token_kernels!r}; expected one of "
                              f"{', '.join(linear_kernels.ONE_TOKEN_MODES)}")
@@ -66,7 +69,8 @@ class Runner:
         self.target = target_backend or load_backend(pretrained, **load)
         self.draft_backend = None
         if self.spec.drafter in ("model", "pruned") and draft not in (None, "self"):
-            self.draft_backend = draft_backend or load_backend(draft, **load)
+            self.draft_backend = draft_backend or load_draft(
+                draft, draft_dtype, draft_vocab, draft_vocab_table, **load)
             check_pairing(self.target, self.draft_backend, pretrained, draft)
         self.drafter, self.verifier = methods.build(self.spec, self.options, self.draft_backend, self.target)
         self.baseline = None  # (drafter, verifier) of vanilla decoding, timed beside each request

@@ -9,7 +9,10 @@ prefill), also when that happens in the middle of a request (draft_prepare=lazy)
 from __future__ import annotations
 
 import resource
+import time
+import weakref
 from dataclasses import asdict, dataclass, field
+from typing import Self
 
 import torch
 
@@ -38,6 +41,24 @@ class SampleStats:
     peak_memory_mb: float = 0.0
     error: str | None = None
     policy: dict | None = None  # the adaptive draft policy's estimates at the end of the sample
+    # The loop's own cost: of the decode steps' wall time (the step that prepared a lazy draft left out),
+    # forward_s went to the models' forwards (ForwardClock) and overhead_s to everything else: the
+    # policy, tree growth around the draft's forwards, masks, verification, commit, stats, stop strings.
+    # On a GPU overhead_s also holds the host's waits for the device (the forwards return early).
+    forward_s: float = 0.0
+    overhead_s: float = 0.0
+    timed_steps: int = 0  # the steps forward_s and overhead_s cover
+
+    def add_step(self, step: StepStats) -> None:
+        self.steps.append(step)
+        self.draft_s += step.draft_s
+        self.verify_s += step.verify_s
+
+    def add_step_time(self, wall_s: float, forward_s: float) -> None:
+        """One decode step's wall time, of which `forward_s` in model forwards."""
+        self.forward_s += forward_s
+        self.overhead_s += max(0.0, wall_s - forward_s)
+        self.timed_steps += 1
 
     @property
     def accepted_lengths(self) -> list[int]:
@@ -65,12 +86,38 @@ class SampleStats:
             drafted_draft_s=sum(s.draft_s for s in self.steps if s.num_draft_nodes),
             verify_step_ms=1000 * self.verify_s / n if n else 0.0,
             num_draft_nodes=[s.num_draft_nodes for s in self.steps],
+            overhead_step_ms=1000 * self.overhead_s / self.timed_steps if self.timed_steps else 0.0,
         )
         if any(s.plan for s in self.steps):  # what the adaptive policy chose, step by step
             d.update(plan_depth=[(s.plan or {}).get("depth", 0) for s in self.steps],
                      plan_width=[(s.plan or {}).get("width", 0) for s in self.steps],
                      plan_est_rate=[(s.plan or {}).get("est_rate") for s in self.steps])
         return d
+
+
+class ForwardClock:
+    """Seconds spent inside the forwards of some modules (host wall clock, summed), while entered:
+    a pre-hook and a hook per module, removed on exit. Modules must not nest (a decoder stack and its
+    LM head are siblings)."""
+
+    def __init__(self, modules):
+        self.modules, self.seconds, self._handles, self._started = list(modules), 0.0, [], 0.0
+
+    def _start(self, *_args) -> None:
+        self._started = time.perf_counter()
+
+    def _stop(self, *_args) -> None:
+        self.seconds += time.perf_counter() - self._started
+
+    def __enter__(self) -> Self:
+        for module in self.modules:
+            self._handles += [module.register_forward_pre_hook(self._start), module.register_forward_hook(self._stop)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
 
 # ---- peak memory of one sample ---------------------------------------------------------------------
@@ -83,10 +130,24 @@ class SampleStats:
 _CLEAR_REFS, _STATUS = "/proc/self/clear_refs", "/proc/self/status"
 
 
+_DEVICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> (first device, its devices)
+
+
 def memory_devices(*modules: torch.nn.Module | None) -> tuple[torch.device, ...]:
-    """The devices holding the parameters and buffers of `modules` (None entries are skipped)."""
-    found = {t.device for m in modules if m is not None for t in (*m.parameters(), *m.buffers())}
+    """The devices holding the parameters and buffers of `modules` (None entries are skipped).
+    Walking every tensor of two models took 1-3 ms per request on the demo, so each module's devices are
+    kept, and looked at again only when its first tensor has moved."""
+    found = {d for m in modules if m is not None for d in _module_devices(m)}
     return tuple(sorted(found, key=str))
+
+
+def _module_devices(module: torch.nn.Module) -> frozenset:
+    first = next(module.parameters(), None)
+    first = None if first is None else first.device
+    cached = _DEVICES.get(module)
+    if cached is None or cached[0] != first:
+        cached = _DEVICES[module] = (first, frozenset(t.device for t in (*module.parameters(), *module.buffers())))
+    return cached[1]
 
 
 def _as_devices(devices) -> tuple[torch.device, ...]:

@@ -20,7 +20,10 @@ quality metric beyond exact match to vanilla.
 
 `--hf-baseline` and `--hf-assisted` add transformers' own greedy `generate()` on the target and its
 assisted generation (`assistant_model=` the draft) as two more entries of the same rotation:
-same samples, same prepared inputs, back to back with our methods.
+same samples, same prepared inputs, back to back with our methods. The assistant is the draft our
+methods run, in its precision (`--draft-dtype`; `--hf-assistant-dtype same`), so "ahead of
+transformers" compares like with like; `--hf-assistant-dtype same,float32` adds a row with a float32
+assistant beside it.
 """
 from __future__ import annotations
 
@@ -39,9 +42,9 @@ from judges import stats as judge_stats
 from judges.oracle import correct_facts, score_caption
 
 from . import prompts as bench_prompts
-from ..backends import linear_kernels
+from ..backends import draft_precision, linear_kernels
 from ..backends.base import Backend
-from ..backends.loading import load_backend
+from ..backends.loading import load_backend, load_draft
 from ..decoding import loop
 from ..demo import data, models, world
 from ..decoding.runner import Generation, Runner, VideoInput, paused_gc
@@ -310,12 +313,14 @@ def run(args: argparse.Namespace) -> dict:
         make_samples(args.task, args.limit, args.frames)  # bad input fails before any model loads
     if args.hf_assisted and args.draft in (None, "self"):
         raise ValueError(f"--hf-assisted needs a draft model to assist with (--draft), got {args.draft!r}")
+    check_assistant_dtypes(args.hf_assistant_dtype)
     torch.set_num_threads(args.threads)
     load = dict(device=args.device, dtype=args.dtype, cpu_kernels=args.cpu_kernels)
     # --engine-vanilla: the one-row kernels installed too, taken only by the vanilla_engine arm's steps
     one_token = "engine" if getattr(args, "engine_vanilla", False) else "torch"
     target = load_backend(args.model, **load, one_token_kernels=one_token)
-    draft = load_backend(args.draft, **load) if args.draft not in (None, "self") else None
+    draft = load_draft(args.draft, args.draft_dtype, args.draft_vocab, args.draft_vocab_table, **load) \
+        if args.draft not in (None, "self") else None
     options = _parse_kv(args.options)
     runners = {m: Runner(args.model, method=m, draft=args.draft, options=options, target_backend=target,
                          draft_backend=draft, **load) for m in args.methods.split(",")}
@@ -328,8 +333,10 @@ def run(args: argparse.Namespace) -> dict:
     result = {"task": f"prompts:{args.prompts}" if args.prompts else args.task, "limit": args.limit,
               "max_new_tokens": args.max_new_tokens, "options": options, "frames": args.frames,
               "target": args.model, "draft": args.draft, "dtype": args.dtype,
+              "draft_dtype": None if draft is None else str(draft.model.dtype).removeprefix("torch."),
+              "draft_precision": None if getattr(draft, "precision", None) is None else draft.precision.summary(),
               "methods": {m: summarise(m, records[m], records["vanilla"], samples) for m in runners},
-              "hf": {n: summarise_hf(records[n], records, list(runners)) for n in HF_NAMES if n in records},
+              "hf": {n: summarise_hf(records[n], records, list(runners)) for n in records if n.startswith("hf_")},
               "env": environment(target.device)}
     result["vanilla_step_ms"] = result["methods"]["vanilla"]["verify_step_ms"]
     if ENGINE_VANILLA in records:
@@ -355,13 +362,29 @@ def over_engine_vanilla(records: dict[str, list[dict]], names: list[str]) -> dic
 
 
 def hf_runners(args: argparse.Namespace, target: Backend, draft: Backend | None) -> dict[str, HFGenerate]:
-    """transformers' greedy generate() (--hf-baseline) and assisted generation (--hf-assisted)."""
+    """transformers' greedy generate() (--hf-baseline) and assisted generation (--hf-assisted), the
+    latter once per --hf-assistant-dtype: `same` (the default) gives transformers' assistant the
+    draft our methods run (same weights, same precision: like is compared with like; with its full
+    vocabulary, a copy where --draft-vocab cut ours), a dtype a copy of the draft loaded in it (row
+    hf_assisted_<dtype>; the same as `same` gets no second row)."""
     out = {}
     if args.hf_baseline:
         out["hf_generate"] = HFGenerate(target)
-    if args.hf_assisted:
-        out["hf_assisted"] = HFGenerate(target, assistant=draft)
+    if not args.hf_assisted:
+        return out
+    ours = str(draft.model.dtype).removeprefix("torch.")
+    for dtype in dict.fromkeys(ours if d == "same" else d for d in args.hf_assistant_dtype.split(",")):
+        reuse = dtype == ours and args.draft_vocab is None  # our draft itself: same weights, same precision
+        assistant = draft if reuse else load_backend(args.draft, device=args.device, dtype=dtype)  # nn.Linear
+        out["hf_assisted" if dtype == ours else f"hf_assisted_{dtype}"] = HFGenerate(target, assistant=assistant)
     return out
+
+
+def check_assistant_dtypes(value: str) -> None:
+    allowed = ("same", *(d for d in draft_precision.DRAFT_DTYPES if d != "auto"))
+    bad = [d for d in value.split(",") if d not in allowed]
+    if bad:
+        raise ValueError(f"--hf-assistant-dtype {','.join(bad)}: expected a comma-separated list of {', '.join(allowed)}")
 
 
 VIDEO_COLUMNS = ("tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "e2e_speedup_ci", "e2e_verdict",
@@ -440,6 +463,14 @@ def register(sub) -> None:
     p.add_argument("--hf-baseline", action="store_true", help="also time transformers' greedy generate()")
     p.add_argument("--hf-assisted", action="store_true",
                    help="also time transformers' assisted generation: generate(assistant_model=the draft)")
+    p.add_argument("--draft-dtype", default=None, choices=draft_precision.DRAFT_DTYPES,
+                   help="the draft model's precision (model_arg draft_dtype; default: --dtype; auto: measured on this CPU)")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="FR-Spec: cut the draft's LM head to its K most frequent tokens (model_arg draft_vocab)")
+    p.add_argument("--draft-vocab-table", default=None, help="the frequency table for --draft-vocab (lvspec-eval draft-vocab)")
+    p.add_argument("--hf-assistant-dtype", default="same",
+                   help="with --hf-assisted: the assistant's precision, comma-separated for several rows: same (the "
+                        "draft as our methods run it, the default), float32, bfloat16, float16")
     p.add_argument("--records", default=None, help="write per-sample records (JSONL) here")
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--cpu-kernels", default="auto", choices=linear_kernels.MODES,

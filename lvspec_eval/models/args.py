@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..backends import linear_kernels
+from ..backends.draft_precision import DRAFT_DTYPES
 from ..backends.frame_rules import VIDEO_RULES
 from ..backends.loading import DEMO_NAMES, DTYPES
 from ..decoding import methods
@@ -29,7 +30,7 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 ON_DEVICE_ERROR = ("abort", "skip")  # what a CUDA error or out-of-memory does (models/lvspec.py)
 # verifier/drafter options owned by their modules (FLy, LVSpec, PST, Sparrow, MTP): passed through typed
 OPTION_PREFIXES = ("fly_", "lv_", "pst", "sparrow_", "mtp_")
-PATH_ARGS = ("pretrained", "draft")
+PATH_ARGS = ("pretrained", "draft", "draft_vocab_table")
 DEFAULT_FPS, DEFAULT_MAX_FRAMES = 2.0, 32
 # pretrained=demo samples every frame of every synthvid video: the longest task
 # (synthvid_caption_f512, lvspec_eval/demo/tasks_data.py) has 512 frames = 4,096 visual tokens
@@ -52,6 +53,11 @@ class ModelArgs:
     # on a CPU, one-token steps: torch = transformers' own (lmms-eval's classes' path), engine = the kernel measured
     # fastest for one row too (an "engine vanilla": a method's speedup over it is the speculation's alone)
     one_token_kernels: str = "torch"
+    # the draft model's precision (backends/draft_precision.py): auto = measured on this CPU (bfloat16 where
+    # it is faster), float32 | bfloat16 | float16; default: dtype's. Exact methods output the same either way
+    draft_dtype: str | None = None
+    draft_vocab: int | None = None  # FR-Spec: the draft's LM head cut to its K most frequent tokens (draft_vocab.py)
+    draft_vocab_table: str | None = None  # the token-frequency table for draft_vocab (default: the demo's, for the demo)
     device_map: str | None = None
     max_frames: int | None = None  # default 32 (demo: 512, the longest synthvid videos' frame count)
     fps: float | None = None  # default 2.0 (demo: the rate the demo models were trained at)
@@ -120,6 +126,8 @@ class ModelArgs:
         _one_of("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         _one_of("cpu_kernels", self.cpu_kernels, linear_kernels.MODES)
         _one_of("one_token_kernels", self.one_token_kernels, linear_kernels.ONE_TOKEN_MODES)
+        if self.draft_dtype is not None:
+            _one_of("draft_dtype", self.draft_dtype, DRAFT_DTYPES)
         _one_of("on_device_error", self.on_device_error, ON_DEVICE_ERROR)
         _one_of("until", self.until, UNTIL_MODES)
         if self.thinking is not None:  # lmms-eval half-types true/false: accept them for on/off
@@ -129,7 +137,7 @@ class ModelArgs:
         if self.batch_size != 1:
             raise ValueError(f"batch_size={self.batch_size} is not supported: lvspec decodes one request at a time "
                              "(speculative decoding is measured at batch 1); use batch_size=1")
-        for name in ("max_frames", "max_new_tokens", "min_pixels", "max_pixels"):
+        for name in ("max_frames", "max_new_tokens", "min_pixels", "max_pixels", "draft_vocab"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}={value} must be a positive integer")
@@ -148,7 +156,8 @@ class ModelArgs:
                 "drafter": self.drafter, "verifier": self.verifier, "device_map": self.device_map,
                 "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing,
                 "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels,
-                "one_token_kernels": self.one_token_kernels}
+                "one_token_kernels": self.one_token_kernels, "draft_dtype": self.draft_dtype,
+                "draft_vocab": self.draft_vocab, "draft_vocab_table": self.draft_vocab_table}
 
 
 def documented_arguments() -> list[str]:
