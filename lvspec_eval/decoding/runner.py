@@ -5,6 +5,7 @@ This is what the lmms-eval model classes and the benchmark call; it knows nothin
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 from dataclasses import dataclass, field
 
@@ -48,7 +49,8 @@ class Runner:
         greedy on the same target, right before or after the method (alternating), and put its
         timings in the record (vanilla_decode_s, vanilla_e2e_s, vanilla_prefill_s, vanilla_num_new_tokens,
         vanilla_tokens): speedups on the same clock even when each method is its own lmms-eval run.
-        A pair is timed so that a stall cannot decide it (`timed_pair`).
+        A pair is timed so that a stall cannot decide it (`timed_pair`): a stalled pair is decoded
+        again with the method's learning rewound, and a pair that stalls twice is marked `untimed`.
         cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py)."""
         self.spec = methods.resolve(method, drafter, verifier)
         self.method = method if method != "custom" else f"custom:{self.spec.drafter}+{self.spec.verifier}"
@@ -84,18 +86,21 @@ class Runner:
 
         method = (self.drafter, self.verifier)
         if self.baseline is None:
-            out, base, retimed = decode(method), None, None
+            pair = TimedPair(decode(method), None)
         else:
             baseline_first = self._requests % 2 == 1  # alternate: drift cancels out
-            out, base, retimed = timed_pair(lambda: decode(method), lambda: decode(self.baseline), baseline_first)
+            pair = timed_pair(lambda: decode(method), lambda: decode(self.baseline), baseline_first,
+                              rewinder(self.drafter, self.baseline[0]))
         self._requests += 1
+        out, base = pair.method, pair.vanilla
         record = out.stats.to_dict()
         record.update(method=self.method, tokens=out.tokens, kinds=out.kinds, relevance=out.relevance,
                       replaced=out.replaced, margins=out.margins)
         if base is not None:
             record.update(vanilla_decode_s=base.stats.decode_s, vanilla_e2e_s=base.stats.e2e_s,
                           vanilla_prefill_s=base.stats.prefill_s, vanilla_num_new_tokens=base.stats.num_new_tokens,
-                          vanilla_tokens=base.tokens, vanilla_margins=base.margins, retimed=retimed)
+                          vanilla_tokens=base.tokens, vanilla_margins=base.margins, retimed=pair.retimed,
+                          untimed=pair.untimed)
         return Generation(out.text, out.tokens, record, out.kinds, out.relevance)
 
 
@@ -103,23 +108,62 @@ STALL_RATIO = 1.5  # one arm's target prefill this many times the other's (and S
 STALL_S = 0.02
 
 
-def timed_pair(method, vanilla, vanilla_first: bool) -> tuple[loop.Output, loop.Output, str | None]:
-    """Decode a request with the method and with vanilla (callables), back to back; returns
-    (method's output, vanilla's, "method" / "vanilla": the arm timed again, or None).
+@dataclass
+class TimedPair:
+    """A request decoded by the method and by the arm timed beside it (`vanilla`; None: not paired)."""
+
+    method: loop.Output
+    vanilla: loop.Output | None
+    retimed: str | None = None  # "method" / "vanilla": the arm whose stall had the pair decoded again
+    untimed: bool = False  # the second pair stalled too: the request is left out of the speed figures
+
+
+def timed_pair(method, vanilla, vanilla_first: bool, rewind=None) -> TimedPair:
+    """Decode a request with the method and with vanilla (callables), back to back, in the given order.
 
     Both arms run the same target prefill on the same inputs (the method's capture of hidden states
     or attention queries costs nothing measurable: docs/RESULTS.md), so prefill times that differ by
     more than STALL_RATIO say that one arm was stalled by something outside its own work (a pause of
-    the process or the machine; the first arm of a request met it most). That arm is then decoded
-    once more, right away, and the faster of its two runs (end to end) is kept: a stall costs one
-    more decode of one arm instead of deciding the pair. Outputs are deterministic, so the tokens
-    are the same either way."""
+    the process or the machine). Then `rewind()` puts the method's drafter back to its state before
+    the request (its adaptive policy must learn from one run of each request: a second run would
+    find this request's answer length and costs already learnt) and both arms are decoded again, in
+    the same order; the new pair is kept, whatever its times (keeping the faster of two runs of one
+    arm would give that arm a minimum of two where the other gets one). If the new pair stalls too,
+    it is kept for its tokens and marked `untimed`: the report leaves the request out of its speed
+    figures and counts it. Outputs are deterministic, so the tokens are the same either way."""
+    runs = _decode_pair(method, vanilla, vanilla_first)
+    slow = stalled_arm(_prefills(runs))
+    if slow is None:
+        return TimedPair(runs["method"], runs["vanilla"])
+    if rewind is not None:
+        rewind()
+    runs = _decode_pair(method, vanilla, vanilla_first)
+    again = stalled_arm(_prefills(runs))
+    return TimedPair(runs["method"], runs["vanilla"], retimed=slow, untimed=again is not None)
+
+
+def _decode_pair(method, vanilla, vanilla_first: bool) -> dict[str, loop.Output]:
     arms = {"vanilla": vanilla, "method": method} if vanilla_first else {"method": method, "vanilla": vanilla}
-    runs = {name: arm() for name, arm in arms.items()}  # in that order
-    slow = stalled_arm({name: run.stats.prefill_s for name, run in runs.items()})
-    if slow is not None:
-        runs[slow] = min(runs[slow], arms[slow](), key=lambda o: o.stats.e2e_s)
-    return runs["method"], runs["vanilla"], slow
+    return {name: arm() for name, arm in arms.items()}  # in that order
+
+
+def _prefills(runs: dict[str, loop.Output]) -> dict[str, float]:
+    return {name: run.stats.prefill_s for name, run in runs.items()}
+
+
+def rewinder(*drafters):
+    """A function that puts the drafters' learning back where it is now. What a drafter carries from
+    one request to the next is its TreePlanner (decoding/drafters/growth.py: the adaptive policy's
+    cost fits, acceptance rates, calibration, mean answer lengths; None before its first request);
+    everything else it holds belongs to the current request and is reset by `start`, and the
+    verifiers keep nothing between requests. The planner is copied whole (numbers and a few small
+    index tensors), before the request and outside its timed windows."""
+    saved = [(d, copy.deepcopy(d.planner)) for d in drafters if hasattr(d, "planner")]
+
+    def rewind() -> None:
+        for drafter, planner in saved:
+            drafter.planner = copy.deepcopy(planner)  # a copy: a pair may be rewound more than once
+    return rewind
 
 
 def stalled_arm(prefill_s: dict[str, float]) -> str | None:

@@ -54,8 +54,8 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
    "e2e_speedup_ci" and "decode_speedup_ci" ([lo, hi], percentile bootstrap), "e2e_speedup_total" and
    "decode_speedup_total" (ratios of summed seconds), "e2e_verdict" and "decode_verdict" ("faster",
    "slower", "no clear difference", "too few requests"; null for the baseline), "e2e_paired_s" ([[baseline
-   seconds, method seconds], ...] per timed request), "retimed" (pairs in which a stalled arm was decoded
-   again, decoding/runner.timed_pair), "timing", "decode_tokens_per_s", "quality",
+   seconds, method seconds], ...] per timed request), "retimed" (pairs decoded again after a stall,
+   decoding/runner.timed_pair), "untimed" (requests left out of the speed figures: stalled twice), "timing", "decode_tokens_per_s", "quality",
    "vanilla_quality", "metric", "retention", "retention_ci": [lo, hi], "non_inferior",
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
    "exact_match_rate", "exact_match_basis", "facts_lost", "fact_error_rate" (null where the task
@@ -179,6 +179,7 @@ def timed_pairs(run: TaskRun, vanilla: TaskRun) -> list[tuple[dict, dict]]:
     replace the vanilla run's times in its record (marked "paired": True)."""
     ids = sorted(set(run.stats) & set(vanilla.stats), key=str)
     ok = [i for i in ids if not run.stats[i].get("error") and not vanilla.stats[i].get("error")]
+    ok = [i for i in ok if not run.stats[i].get("untimed")]  # stalled twice (runner.timed_pair): no timing
     return [(run.stats[i], _beside(run.stats[i], vanilla.stats[i])) for i in ok]
 
 
@@ -328,6 +329,7 @@ def method_row(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions)
         )
     row = {"task": run.task, "method": run.method, "lossless": run.lossless}
     row["failed"] = sum(1 for r in run.stats.values() if r.get("error"))
+    row["untimed"] = sum(1 for r in run.stats.values() if r.get("untimed"))  # left out of the speed figures
     row.update(speed_fields(pairs, opts))
     if run.method == opts.baseline:  # against itself: no verdict to give
         row.update(e2e_verdict=None, decode_verdict=None)
