@@ -65,6 +65,8 @@ class ModelArgs:
     stats_path: str | None = None  # JSONL of per-sample decode statistics
     paired_timing: bool = False  # also time vanilla greedy on every request, beside the method (same clock)
     on_device_error: str = "abort"  # a CUDA error or out-of-memory: stop the run (abort) or fail the sample (skip)
+    # with --use_cache and stats_path: reuse records made on another machine (models/resume.py; refused otherwise)
+    resume_any_machine: bool = False
     batch_size: int = 1  # lmms-eval always passes it; speculative decoding here is batch 1
     max_batch_size: int | None = None  # passed by lmms-eval with --max_batch_size; unused
     options: dict = field(default_factory=dict)  # DecodeOptions fields and prefixed options

@@ -379,6 +379,7 @@ def build_rows(runs: dict[tuple[str, str], TaskRun], opts: ReportOptions) -> lis
     if opts.baseline not in methods:
         found = ", ".join(methods) or "none"
         raise ValueError(f"no run with method={opts.baseline} (the baseline); runs found: {found}")
+    warn_machines(runs)
     tasks = task_order({t for t, _ in runs}, opts.length_tasks)
     for task in sorted(set(opts.metrics) - set(tasks)):
         log.warning("--metric names task %s, which no run has (tasks: %s)", task, ", ".join(tasks))
@@ -390,6 +391,23 @@ def build_rows(runs: dict[tuple[str, str], TaskRun], opts: ReportOptions) -> lis
             continue
         rows.extend(task_rows(task, by_method, opts))
     return rows
+
+
+def warn_machines(runs: dict[tuple[str, str], TaskRun]) -> None:
+    """Warn when the records come from more than one machine (their settings' machine.* entries,
+    models/resume.py: a run resumed with resume_any_machine=true, or runs made on two machines): times
+    of two machines do not compare, paired or not."""
+    machines: dict[tuple, list[str]] = {}
+    for run in runs.values():
+        for record in run.stats.values():
+            settings = record.get("settings") or {}
+            ident = tuple(sorted((k, str(v)) for k, v in settings.items() if k.startswith("machine.")))
+            if ident and f"{run.method}/{run.task}" not in machines.setdefault(ident, []):
+                machines[ident].append(f"{run.method}/{run.task}")
+    if len(machines) > 1:
+        where = "; ".join(f"{', '.join(dict(m).get(k, '?') for k in ('machine.cpu', 'machine.threads'))}: "
+                          f"{', '.join(names[:4])}" for m, names in machines.items())
+        log.warning("the records come from %d machines (%s): their times do not compare", len(machines), where)
 
 
 # ----------------------------------------------------------------------------------------- output
