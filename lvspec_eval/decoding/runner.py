@@ -16,6 +16,9 @@ from ..backends.loading import load_backend
 from . import loop, methods
 
 
+PAIRED_WITH = ("vanilla", "self")  # what paired timing times beside the method (`self`: an A/A check)
+
+
 @dataclass
 class VideoInput:
     frames: np.ndarray  # uint8 [T, H, W, 3]
@@ -43,7 +46,8 @@ class Runner:
                  dtype: str = "float32", attn_implementation: str = "sdpa", options: dict | None = None,
                  drafter: str | None = None, verifier: str | None = None, device_map: str | None = None,
                  min_pixels: int | None = None, max_pixels: int | None = None, video_rule: str = "fps",
-                 target_backend=None, draft_backend=None, paired_timing: bool = False, cpu_kernels: str = "auto"):
+                 target_backend=None, draft_backend=None, paired_timing: bool = False, cpu_kernels: str = "auto",
+                 paired_with: str = "vanilla"):
         """target_backend / draft_backend: already loaded backends to share (benchmarks run several
         methods on one model in one process). paired_timing: also decode every request with vanilla
         greedy on the same target, right before or after the method (alternating), and put its
@@ -51,6 +55,9 @@ class Runner:
         vanilla_tokens): speedups on the same clock even when each method is its own lmms-eval run.
         A pair is timed so that a stall cannot decide it (`timed_pair`): a stalled pair is decoded
         again with the method's learning rewound, and a pair that stalls twice is marked `untimed`.
+        paired_with: what paired timing times beside the method: `vanilla`, or `self` (an A/A check: a
+        second, independent instance of this method, with its own drafter and policy, on the same models;
+        vanilla paired with itself when the method is vanilla).
         cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py)."""
         self.spec = methods.resolve(method, drafter, verifier)
         self.method = method if method != "custom" else f"custom:{self.spec.drafter}+{self.spec.verifier}"
@@ -63,11 +70,19 @@ class Runner:
             self.draft_backend = draft_backend or load_backend(draft, **load)
             check_pairing(self.target, self.draft_backend, pretrained, draft)
         self.drafter, self.verifier = methods.build(self.spec, self.options, self.draft_backend, self.target)
-        self.baseline = None  # (drafter, verifier) of vanilla decoding, timed beside each request
-        if paired_timing and self.spec != methods.resolve("vanilla"):
-            vanilla = methods.resolve("vanilla")
-            self.baseline = methods.build(vanilla, methods.make_options(vanilla, {}), None, self.target)
+        self.baseline = self._baseline(paired_with) if paired_timing else None  # (drafter, verifier) timed beside
         self._requests = 0
+
+    def _baseline(self, paired_with: str):
+        """The (drafter, verifier) timed beside each request (None: vanilla's own run times itself)."""
+        if paired_with not in PAIRED_WITH:
+            raise ValueError(f"paired_with={paired_with!r}; expected one of {', '.join(PAIRED_WITH)}")
+        if paired_with == "self":
+            return methods.build(self.spec, self.options, self.draft_backend, self.target)
+        vanilla = methods.resolve("vanilla")
+        if self.spec == vanilla:
+            return None
+        return methods.build(vanilla, methods.make_options(vanilla, {}), None, self.target)
 
     @property
     def device(self) -> torch.device:

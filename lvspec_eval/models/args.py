@@ -20,6 +20,7 @@ from ..backends import linear_kernels
 from ..backends.frame_rules import VIDEO_RULES
 from ..backends.loading import DEMO_NAMES, DTYPES
 from ..decoding import methods
+from ..decoding.runner import PAIRED_WITH
 from ..demo import models as demo_models
 from .parity import THINKING_MODES, UNTIL_MODES
 
@@ -64,6 +65,7 @@ class ModelArgs:
     thinking: str | None = None
     stats_path: str | None = None  # JSONL of per-sample decode statistics
     paired_timing: bool = False  # also time vanilla greedy on every request, beside the method (same clock)
+    paired_with: str = "vanilla"  # with paired_timing: vanilla, or self (an A/A check: the method beside itself)
     on_device_error: str = "abort"  # a CUDA error or out-of-memory: stop the run (abort) or fail the sample (skip)
     # with --use_cache and stats_path: reuse records made on another machine (models/resume.py; refused otherwise)
     resume_any_machine: bool = False
@@ -119,6 +121,7 @@ class ModelArgs:
         _one_of("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         _one_of("cpu_kernels", self.cpu_kernels, linear_kernels.MODES)
         _one_of("on_device_error", self.on_device_error, ON_DEVICE_ERROR)
+        _one_of("paired_with", self.paired_with, PAIRED_WITH)
         _one_of("until", self.until, UNTIL_MODES)
         if self.thinking is not None:  # lmms-eval half-types true/false: accept them for on/off
             self.thinking = {"true": "on", "false": "off"}.get(self.thinking.lower(), self.thinking.lower())
@@ -144,7 +147,7 @@ class ModelArgs:
         return {"pretrained": self.pretrained, "method": self.method, "draft": self.draft, "device": self.device,
                 "dtype": self.dtype, "attn_implementation": self.attn_implementation, "options": dict(self.options),
                 "drafter": self.drafter, "verifier": self.verifier, "device_map": self.device_map,
-                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing,
+                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing, "paired_with": self.paired_with,
                 "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels}
 
 
