@@ -48,19 +48,20 @@ def state(obj):
     return {k: state(v) for k, v in vars(obj).items()}
 
 
-def paired_run(monkeypatch, stall_request: int | None) -> tuple[list[dict], dict]:
+def paired_run(monkeypatch, stall_request: int | None, warmup: bool = False) -> tuple[list[dict], dict]:
     """Three caption requests through a paired sd_tree runner; the method's target prefill of
     request `stall_request` (the first time it runs) takes STALL seconds more. Returns the records
     and the policy's state after them."""
     ticks = Ticks()
     monkeypatch.setattr(loop, "make_clock", lambda devices: ticks)
     monkeypatch.setattr(runner, "STALL_S", 0.0)  # with this clock any 1.5x difference is a stall
-    sd_tree = Runner("demo", "sd_tree", draft="demo-draft", paired_timing=True, cpu_kernels="torch")
+    sd_tree = Runner("demo", "sd_tree", draft="demo-draft", paired_timing=True, cpu_kernels="torch", warmup=warmup)
     arm, request, stalled = {"drafter": None}, {"n": 0}, []
-    real_generate, real_prefill = loop.generate, sd_tree.target.prefill
+    real_generate, real_prefill = GENERATE, sd_tree.target.prefill
 
     def generate(backend, drafter, *rest):
         arm["drafter"] = drafter
+        DECODES.append(rest[-2])  # max_new_tokens
         return real_generate(backend, drafter, *rest)
 
     def prefill(*args, **kwargs):
@@ -78,6 +79,9 @@ def paired_run(monkeypatch, stall_request: int | None) -> tuple[list[dict], dict
     assert stalled == ([True] if stall_request is not None else [])
     return records, state(sd_tree.drafter.planner.policy)
 
+
+GENERATE = loop.generate  # before any test wraps it
+DECODES: list[int] = []  # max_new_tokens of every decode paired_run made
 
 PLAN_KEYS = ("tokens", "plan_depth", "plan_width", "num_draft_nodes", "accepted_lengths", "policy",
              "vanilla_tokens", "draft_prepared_at")
@@ -129,3 +133,14 @@ def test_the_report_leaves_a_twice_stalled_request_out_of_its_speed_figures():
                                                                                 ("vanilla", vanilla))]
     pairs = report.timed_pairs(*runs)
     assert [m is rec for m, _ in pairs] == [True, True]
+
+
+def test_the_warm_up_decodes_every_arm_untimed_and_teaches_nothing(monkeypatch):
+    torch.set_num_threads(1)
+    cold, cold_policy = paired_run(monkeypatch, None)
+    DECODES.clear()
+    warm, warm_policy = paired_run(monkeypatch, None, warmup=True)
+    assert DECODES == [runner.WARMUP_TOKENS] * 2 + [24] * 6  # both arms warmed up, then three pairs
+    for a, b in zip(cold, warm):
+        assert {k: a.get(k) for k in PLAN_KEYS} == {k: b.get(k) for k in PLAN_KEYS}
+    assert warm_policy == cold_policy

@@ -47,7 +47,7 @@ class Runner:
                  drafter: str | None = None, verifier: str | None = None, device_map: str | None = None,
                  min_pixels: int | None = None, max_pixels: int | None = None, video_rule: str = "fps",
                  target_backend=None, draft_backend=None, paired_timing: bool = False, cpu_kernels: str = "auto",
-                 paired_with: str = "vanilla"):
+                 paired_with: str = "vanilla", warmup: bool = False):
         """target_backend / draft_backend: already loaded backends to share (benchmarks run several
         methods on one model in one process). paired_timing: also decode every request with vanilla
         greedy on the same target, right before or after the method (alternating), and put its
@@ -58,7 +58,11 @@ class Runner:
         paired_with: what paired timing times beside the method: `vanilla`, or `self` (an A/A check: a
         second, independent instance of this method, with its own drafter and policy, on the same models;
         vanilla paired with itself when the method is vanilla).
-        cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py)."""
+        cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py).
+        warmup: before the first request is timed, decode it once untimed (WARMUP_TOKENS, every arm; the
+        drafters' learning rewound after it), so that the first record does not carry the process's
+        one-time costs (first-touch allocation, kernel primitives, lazy imports): in a 2-core process
+        the first request took 2.3-3.3x the median of the others."""
         self.spec = methods.resolve(method, drafter, verifier)
         self.method = method if method != "custom" else f"custom:{self.spec.drafter}+{self.spec.verifier}"
         self.options = methods.make_options(self.spec, options or {})
@@ -72,6 +76,7 @@ class Runner:
         self.drafter, self.verifier = methods.build(self.spec, self.options, self.draft_backend, self.target)
         self.baseline = self._baseline(paired_with) if paired_timing else None  # (drafter, verifier) timed beside
         self._requests = 0
+        self.warmup = warmup
 
     def _baseline(self, paired_with: str):
         """The (drafter, verifier) timed beside each request (None: vanilla's own run times itself)."""
@@ -83,6 +88,14 @@ class Runner:
         if self.spec == vanilla:
             return None
         return methods.build(vanilla, methods.make_options(vanilla, {}), None, self.target)
+
+    def _warm_up(self, prompt: str, videos: list[VideoInput], max_new_tokens: int, until: tuple[str, ...]) -> None:
+        """Decode the request once with every arm, untimed and unrecorded; nothing is learnt from it."""
+        arms = [arm for arm in ((self.drafter, self.verifier), self.baseline) if arm is not None]
+        rewind = rewinder(*(drafter for drafter, _ in arms))
+        for arm in arms:
+            loop.generate(self.target, *arm, prompt, [v.request() for v in videos], max_new_tokens, tuple(until))
+        rewind()
 
     @property
     def device(self) -> torch.device:
@@ -100,6 +113,8 @@ class Runner:
                                      tuple(until))
 
         method = (self.drafter, self.verifier)
+        if self.warmup and self._requests == 0:
+            self._warm_up(prompt, videos, min(WARMUP_TOKENS, max_new_tokens), until)
         if self.baseline is None:
             pair = TimedPair(decode(method), None)
         else:
@@ -119,6 +134,7 @@ class Runner:
         return Generation(out.text, out.tokens, record, out.kinds, out.relevance)
 
 
+WARMUP_TOKENS = 8  # new tokens of the untimed warm-up decode (Runner's `warmup`)
 STALL_RATIO = 1.5  # one arm's target prefill this many times the other's (and STALL_S longer) is a stall
 STALL_S = 0.02
 

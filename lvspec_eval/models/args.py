@@ -66,6 +66,7 @@ class ModelArgs:
     stats_path: str | None = None  # JSONL of per-sample decode statistics
     paired_timing: bool = False  # also time vanilla greedy on every request, beside the method (same clock)
     paired_with: str = "vanilla"  # with paired_timing: vanilla, or self (an A/A check: the method beside itself)
+    warmup: bool = True  # decode the first request once untimed before timing it (runner.Runner's warmup)
     on_device_error: str = "abort"  # a CUDA error or out-of-memory: stop the run (abort) or fail the sample (skip)
     # with --use_cache and stats_path: reuse records made on another machine (models/resume.py; refused otherwise)
     resume_any_machine: bool = False
@@ -147,7 +148,7 @@ class ModelArgs:
         return {"pretrained": self.pretrained, "method": self.method, "draft": self.draft, "device": self.device,
                 "dtype": self.dtype, "attn_implementation": self.attn_implementation, "options": dict(self.options),
                 "drafter": self.drafter, "verifier": self.verifier, "device_map": self.device_map,
-                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing, "paired_with": self.paired_with,
+                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing, "paired_with": self.paired_with, "warmup": self.warmup,
                 "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels}
 
 

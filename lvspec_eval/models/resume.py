@@ -46,7 +46,7 @@ from ..backends.loading import DEMO_NAMES
 from .args import ModelArgs
 
 # model_args that do not change what a sample decodes (where records go, what a device error does)
-NOT_SETTINGS = ("stats_path", "on_device_error", "batch_size", "max_batch_size", "resume_any_machine")
+NOT_SETTINGS = ("stats_path", "on_device_error", "batch_size", "max_batch_size", "resume_any_machine", "warmup")
 MACHINE_PREFIXES = ("machine.", "kernels.")  # settings that say where a record was made, not what it asked
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 MAX_SHOWN = 8  # differing settings named in the error, these first:
