@@ -61,8 +61,8 @@ class Runner:
         cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py).
         warmup: before the first request is timed, decode it once untimed (WARMUP_TOKENS, every arm; the
         drafters' learning rewound after it), so that the first record does not carry the process's
-        one-time costs (first-touch allocation, kernel primitives, lazy imports): in a 2-core process
-        the first request took 2.3-3.3x the median of the others."""
+        one-time costs (first-touch allocation, kernel primitives, lazy imports): in four 2-core
+        processes under load the first request took 1.2-6.3x the median of the others."""
         self.spec = methods.resolve(method, drafter, verifier)
         self.method = method if method != "custom" else f"custom:{self.spec.drafter}+{self.spec.verifier}"
         self.options = methods.make_options(self.spec, options or {})
