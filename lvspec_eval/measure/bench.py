@@ -443,8 +443,8 @@ def register(sub) -> None:
     p.add_argument("--cpu-kernels", default="auto", choices=linear_kernels.MODES,
                    help="on a CPU, the linear layers' kernels for multi-token forwards (backends/linear_kernels.py)")
     p.add_argument("--aa", action="store_true",
-                   help="A/A checks instead of methods against vanilla: vanilla paired with vanilla, each method paired "
-                        "with itself, each method with drafting off against vanilla (each must read 1.00x within its "
+                   help="A/A checks instead of methods against vanilla: vanilla paired with vanilla, each method "
+                        "paired with itself, each method with drafting off against vanilla (each must read 1.00x within its "
                         "interval; timing_checks.py)")
     p.add_argument("--separate-runs", type=int, default=0, metavar="N",
                    help="N separate processes of vanilla and N of the first other method, alternated, and one paired "

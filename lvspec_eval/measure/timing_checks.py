@@ -189,7 +189,8 @@ def format_separate(result: dict) -> str:
     runs = ", ".join(f"{x:.2f}x" for x in s["separate_speedups"])
     return (f"{s['method']}: separate runs {runs} (vanilla's own tokens/s moved {s['vanilla_spread']:.2f}x between "
             f"processes); paired in one process {s['paired_speedup']:.2f}x [{s['paired_speedup_ci'][0]:.2f}, "
-            f"{s['paired_speedup_ci'][1]:.2f}]: {'bracketed' if s['brackets'] else 'NOT bracketed'} by the separate runs")
+            f"{s['paired_speedup_ci'][1]:.2f}]: {'bracketed' if s['brackets'] else 'NOT bracketed'} by the separate "
+            "runs")
 
 
 def solo_summary(records: list[dict]) -> dict:

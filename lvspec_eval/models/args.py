@@ -148,8 +148,9 @@ class ModelArgs:
         return {"pretrained": self.pretrained, "method": self.method, "draft": self.draft, "device": self.device,
                 "dtype": self.dtype, "attn_implementation": self.attn_implementation, "options": dict(self.options),
                 "drafter": self.drafter, "verifier": self.verifier, "device_map": self.device_map,
-                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing, "paired_with": self.paired_with, "warmup": self.warmup,
-                "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels}
+                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing,
+                "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels, "paired_with": self.paired_with,
+                "warmup": self.warmup}
 
 
 def documented_arguments() -> list[str]:

@@ -200,10 +200,10 @@ class _LVSpecModel(lmms):
         ident = (info.task, info.split, str(info.doc_id), info.context, repr(info.gen_kwargs))
         if self._key[0] != ident:
             try:
-                paths = tuple(video_fingerprint(p) for p in self._prompt_and_videos(info)[1])
+                videos = tuple(video_fingerprint(p) for p in self._prompt_and_videos(info)[1])
             except (ValueError, RuntimeError, OSError) as err:  # the sample fails the same way when decoded
-                paths = (f"videos unavailable: {type(err).__name__}",)
-            self._key = (ident, request_key(info.context, info.gen_kwargs, paths, self.frame_plan.describe))
+                videos = (f"videos unavailable: {type(err).__name__}",)
+            self._key = (ident, request_key(info.context, info.gen_kwargs, videos, self.frame_plan.describe))
         return self._key[1]
 
     def _provenance(self, info: RequestInfo) -> dict:

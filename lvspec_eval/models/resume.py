@@ -19,7 +19,8 @@ name, size and head-and-tail digest, and the rule that picks its frames) and on 
 a fingerprint of the CPU kernel choices in force); anything else is an error naming what differs, never
 a silent reuse. Records of another machine are reused only with model_arg resume_any_machine=true
 (their timings do not compare with this machine's, and a tree method's tokens can differ at a
-near-tie under other kernels); the report then flags the run as timed on more than one machine. A failed sample's record (error set) is served like any other: its empty answer again,
+near-tie under other kernels); the report then flags the run as timed on more than one machine.
+A failed sample's record (error set) is served like any other: its empty answer again,
 its error record kept. The failures that reach a record are the input's (missing or corrupt video, a
 doc_to_visual that raises, a prompt over the context: the same input fails the same way) or, with
 on_device_error=skip, the device's (e.g. out of memory on a sample too large for the device), so a
@@ -179,8 +180,9 @@ class Resume:
         if record is not None and record.get("request") != request:
             raise ResumeMismatch(
                 f"{self.path}: task {task} doc {doc_id} was answered for another request (its prompt, generation "
-                f"kwargs, video files or frame rule differ: request key {record.get('request')} there, {request} now; the task changed?). A "
-                "record is never reused for another request: give this run its own stats_path")
+                f"kwargs, video files or frame rule differ: request key {record.get('request')} there, {request} "
+                "now; the task changed?). A record is never reused for another request: give this run its own "
+                "stats_path")
         return record
 
 
