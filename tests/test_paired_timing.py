@@ -1,6 +1,6 @@
 """Paired timing that a stall cannot decide (decoding/runner.py): which arm counts as stalled, that
-it is decoded again and the faster run kept, and that no garbage collection runs in a timed arm.
-Fake decodes with set times: nothing here is timed."""
+the pair is then decoded again (the method's learning rewound) and the new pair kept, and that no
+garbage collection runs in a timed arm. Fake decodes with set times: nothing here is timed."""
 from __future__ import annotations
 
 import gc
@@ -30,28 +30,34 @@ def test_stalled_arm(prefill_s, expected):
     assert runner.stalled_arm(prefill_s) == expected
 
 
-def test_a_stalled_arm_is_decoded_again_and_its_faster_run_kept():
+def test_a_stall_has_both_arms_decoded_again_and_the_new_pair_kept():
     calls: list[str] = []
-    method = fake_decode("method", [(0.9, 2.0), (0.1, 1.2)], calls)  # stalled, then not
-    vanilla = fake_decode("vanilla", [(0.1, 2.4)], calls)
-    out, base, retimed = runner.timed_pair(method, vanilla, vanilla_first=False)
-    assert calls == ["method", "vanilla", "method"] and retimed == "method"
-    assert (out.stats.e2e_s, base.stats.e2e_s) == (1.2, 2.4)
+    rewound = []
+    method = fake_decode("method", [(0.9, 2.0), (0.1, 1.4)], calls)  # stalled, then not
+    vanilla = fake_decode("vanilla", [(0.1, 2.4), (0.1, 2.6)], calls)
+    pair = runner.timed_pair(method, vanilla, vanilla_first=False, rewind=lambda: rewound.append(calls[:]))
+    assert calls == ["method", "vanilla", "method", "vanilla"] and pair.retimed == "method"
+    assert rewound == [["method", "vanilla"]]  # the method's learning rewound once, between the two pairs
+    assert (pair.method.stats.e2e_s, pair.vanilla.stats.e2e_s) == (1.4, 2.6) and not pair.untimed
 
 
 def test_a_pair_without_a_stall_is_decoded_once_each_in_the_given_order():
     calls: list[str] = []
-    out, base, retimed = runner.timed_pair(fake_decode("method", [(0.1, 1.0)], calls),
-                                           fake_decode("vanilla", [(0.1, 2.0)], calls), vanilla_first=True)
-    assert calls == ["vanilla", "method"] and retimed is None
-    assert (out.name, base.name) == ("method", "vanilla")
+    pair = runner.timed_pair(fake_decode("method", [(0.1, 1.0)], calls),
+                             fake_decode("vanilla", [(0.1, 2.0)], calls), vanilla_first=True,
+                             rewind=lambda: pytest.fail("nothing to rewind without a stall"))
+    assert calls == ["vanilla", "method"] and pair.retimed is None and not pair.untimed
+    assert (pair.method.name, pair.vanilla.name) == ("method", "vanilla")
 
 
-def test_the_rerun_is_kept_only_when_faster():
+def test_the_new_pair_is_kept_even_when_slower_and_a_second_stall_leaves_it_untimed():
     calls: list[str] = []
     vanilla = fake_decode("vanilla", [(0.5, 2.0), (0.5, 2.5)], calls)  # stalled both times
-    _, base, retimed = runner.timed_pair(fake_decode("method", [(0.1, 1.0)], calls), vanilla, vanilla_first=True)
-    assert retimed == "vanilla" and base.stats.e2e_s == 2.0
+    method = fake_decode("method", [(0.1, 1.0), (0.1, 1.1)], calls)
+    pair = runner.timed_pair(method, vanilla, vanilla_first=True)
+    assert calls == ["vanilla", "method", "vanilla", "method"]
+    assert pair.retimed == "vanilla" and pair.untimed
+    assert (pair.vanilla.stats.e2e_s, pair.method.stats.e2e_s) == (2.5, 1.1)  # not the minimum of two runs
 
 
 def test_no_garbage_collection_inside_a_timed_arm():

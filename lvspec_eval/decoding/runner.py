@@ -5,6 +5,7 @@ This is what the lmms-eval model classes and the benchmark call; it knows nothin
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 from dataclasses import dataclass, field
 
@@ -14,6 +15,9 @@ import torch
 from ..backends import linear_kernels
 from ..backends.loading import load_backend, load_draft
 from . import loop, methods
+
+
+PAIRED_WITH = ("vanilla", "self")  # what paired timing times beside the method (`self`: an A/A check)
 
 
 @dataclass
@@ -45,14 +49,23 @@ class Runner:
                  min_pixels: int | None = None, max_pixels: int | None = None, video_rule: str = "fps",
                  target_backend=None, draft_backend=None, paired_timing: bool = False, cpu_kernels: str = "auto",
                  one_token_kernels: str = "torch", draft_dtype: str | None = None,
-                 draft_vocab: int | None = None, draft_vocab_table: str | None = None):
+                 draft_vocab: int | None = None, draft_vocab_table: str | None = None,
+                 paired_with: str = "vanilla", warmup: bool = False):
         """target_backend / draft_backend: already loaded backends to share (benchmarks run several
         methods on one model in one process). paired_timing: also decode every request with vanilla
         greedy on the same target, right before or after the method (alternating), and put its
         timings in the record (vanilla_decode_s, vanilla_e2e_s, vanilla_prefill_s, vanilla_num_new_tokens,
         vanilla_tokens): speedups on the same clock even when each method is its own lmms-eval run.
-        A pair is timed so that a stall cannot decide it (`timed_pair`).
+        A pair is timed so that a stall cannot decide it (`timed_pair`): a stalled pair is decoded
+        again with the method's learning rewound, and a pair that stalls twice is marked `untimed`.
+        paired_with: what paired timing times beside the method: `vanilla`, or `self` (an A/A check: a
+        second, independent instance of this method, with its own drafter and policy, on the same models;
+        vanilla paired with itself when the method is vanilla).
         cpu_kernels: the linear layers' kernels for multi-token forwards on a CPU (backends/linear_kernels.py).
+        warmup: before the first request is timed, decode it once untimed (WARMUP_TOKENS, every arm; the
+        drafters' learning rewound after it), so that the first record does not carry the process's
+        one-time costs (first-touch allocation, kernel primitives, lazy imports): in four 2-core
+        processes under load the first request took 1.2-6.3x the median of the others.
         one_token_kernels: `engine`: every one-token step (the method's, and the paired vanilla's) runs the
         kernel measured fastest for one row, where the backends were loaded with it; `torch`: nn.Linear's.
         draft_dtype: the draft model's precision (backends/draft_precision.py; `auto`: measured; None: dtype's).
@@ -73,12 +86,30 @@ class Runner:
                 draft, draft_dtype, draft_vocab, draft_vocab_table, **load)
             check_pairing(self.target, self.draft_backend, pretrained, draft)
         self.drafter, self.verifier = methods.build(self.spec, self.options, self.draft_backend, self.target)
-        self.baseline = None  # (drafter, verifier) of vanilla decoding, timed beside each request
-        if paired_timing and self.spec != methods.resolve("vanilla"):
-            vanilla = methods.resolve("vanilla")
-            self.baseline = methods.build(vanilla, methods.make_options(vanilla, {}), None, self.target)
+        self.baseline = self._baseline(paired_with) if paired_timing else None  # (drafter, verifier) timed beside
         self._requests = 0
         self.one_token_steps = linear_kernels.one_token_steps if one_token_kernels == "engine" else contextlib.nullcontext
+        self.warmup = warmup
+
+    def _baseline(self, paired_with: str):
+        """The (drafter, verifier) timed beside each request (None: vanilla's own run times itself)."""
+        if paired_with not in PAIRED_WITH:
+            raise ValueError(f"paired_with={paired_with!r}; expected one of {', '.join(PAIRED_WITH)}")
+        if paired_with == "self":
+            return methods.build(self.spec, self.options, self.draft_backend, self.target)
+        vanilla = methods.resolve("vanilla")
+        if self.spec == vanilla:
+            return None
+        return methods.build(vanilla, methods.make_options(vanilla, {}), None, self.target)
+
+    def _warm_up(self, prompt: str, videos: list[VideoInput], max_new_tokens: int, until: tuple[str, ...]) -> None:
+        """Decode the request once with every arm, untimed and unrecorded; nothing is learnt from it."""
+        arms = [arm for arm in ((self.drafter, self.verifier), self.baseline) if arm is not None]
+        rewind = rewinder(*(drafter for drafter, _ in arms))
+        for arm in arms:
+            with self.one_token_steps():
+                loop.generate(self.target, *arm, prompt, [v.request() for v in videos], max_new_tokens, tuple(until))
+        rewind()
 
     @property
     def device(self) -> torch.device:
@@ -96,12 +127,16 @@ class Runner:
                                      tuple(until))
 
         method = (self.drafter, self.verifier)
+        if self.warmup and self._requests == 0:
+            self._warm_up(prompt, videos, min(WARMUP_TOKENS, max_new_tokens), until)
         if self.baseline is None:
-            out, base, retimed = decode(method), None, None
+            pair = TimedPair(decode(method), None)
         else:
             baseline_first = self._requests % 2 == 1  # alternate: drift cancels out
-            out, base, retimed = timed_pair(lambda: decode(method), lambda: decode(self.baseline), baseline_first)
+            pair = timed_pair(lambda: decode(method), lambda: decode(self.baseline), baseline_first,
+                              rewinder(self.drafter, self.baseline[0]))
         self._requests += 1
+        out, base = pair.method, pair.vanilla
         record = out.stats.to_dict()
         record.update(method=self.method, tokens=out.tokens, kinds=out.kinds, relevance=out.relevance,
                       replaced=out.replaced, margins=out.margins)
@@ -109,31 +144,72 @@ class Runner:
         if base is not None:
             record.update(vanilla_decode_s=base.stats.decode_s, vanilla_e2e_s=base.stats.e2e_s,
                           vanilla_prefill_s=base.stats.prefill_s, vanilla_num_new_tokens=base.stats.num_new_tokens,
-                          vanilla_tokens=base.tokens, vanilla_margins=base.margins, retimed=retimed)
+                          vanilla_tokens=base.tokens, vanilla_margins=base.margins, retimed=pair.retimed,
+                          untimed=pair.untimed)
         return Generation(out.text, out.tokens, record, out.kinds, out.relevance)
 
 
+WARMUP_TOKENS = 8  # new tokens of the untimed warm-up decode (Runner's `warmup`)
 STALL_RATIO = 1.5  # one arm's target prefill this many times the other's (and STALL_S longer) is a stall
 STALL_S = 0.02
 
 
-def timed_pair(method, vanilla, vanilla_first: bool) -> tuple[loop.Output, loop.Output, str | None]:
-    """Decode a request with the method and with vanilla (callables), back to back; returns
-    (method's output, vanilla's, "method" / "vanilla": the arm timed again, or None).
+@dataclass
+class TimedPair:
+    """A request decoded by the method and by the arm timed beside it (`vanilla`; None: not paired)."""
+
+    method: loop.Output
+    vanilla: loop.Output | None
+    retimed: str | None = None  # "method" / "vanilla": the arm whose stall had the pair decoded again
+    untimed: bool = False  # the second pair stalled too: the request is left out of the speed figures
+
+
+def timed_pair(method, vanilla, vanilla_first: bool, rewind=None) -> TimedPair:
+    """Decode a request with the method and with vanilla (callables), back to back, in the given order.
 
     Both arms run the same target prefill on the same inputs (the method's capture of hidden states
     or attention queries costs nothing measurable: docs/RESULTS.md), so prefill times that differ by
     more than STALL_RATIO say that one arm was stalled by something outside its own work (a pause of
-    the process or the machine; the first arm of a request met it most). That arm is then decoded
-    once more, right away, and the faster of its two runs (end to end) is kept: a stall costs one
-    more decode of one arm instead of deciding the pair. Outputs are deterministic, so the tokens
-    are the same either way."""
+    the process or the machine). Then `rewind()` puts the method's drafter back to its state before
+    the request (its adaptive policy must learn from one run of each request: a second run would
+    find this request's answer length and costs already learnt) and both arms are decoded again, in
+    the same order; the new pair is kept, whatever its times (keeping the faster of two runs of one
+    arm would give that arm a minimum of two where the other gets one). If the new pair stalls too,
+    it is kept for its tokens and marked `untimed`: the report leaves the request out of its speed
+    figures and counts it. Outputs are deterministic, so the tokens are the same either way."""
+    runs = _decode_pair(method, vanilla, vanilla_first)
+    slow = stalled_arm(_prefills(runs))
+    if slow is None:
+        return TimedPair(runs["method"], runs["vanilla"])
+    if rewind is not None:
+        rewind()
+    runs = _decode_pair(method, vanilla, vanilla_first)
+    again = stalled_arm(_prefills(runs))
+    return TimedPair(runs["method"], runs["vanilla"], retimed=slow, untimed=again is not None)
+
+
+def _decode_pair(method, vanilla, vanilla_first: bool) -> dict[str, loop.Output]:
     arms = {"vanilla": vanilla, "method": method} if vanilla_first else {"method": method, "vanilla": vanilla}
-    runs = {name: arm() for name, arm in arms.items()}  # in that order
-    slow = stalled_arm({name: run.stats.prefill_s for name, run in runs.items()})
-    if slow is not None:
-        runs[slow] = min(runs[slow], arms[slow](), key=lambda o: o.stats.e2e_s)
-    return runs["method"], runs["vanilla"], slow
+    return {name: arm() for name, arm in arms.items()}  # in that order
+
+
+def _prefills(runs: dict[str, loop.Output]) -> dict[str, float]:
+    return {name: run.stats.prefill_s for name, run in runs.items()}
+
+
+def rewinder(*drafters):
+    """A function that puts the drafters' learning back where it is now. What a drafter carries from
+    one request to the next is its TreePlanner (decoding/drafters/growth.py: the adaptive policy's
+    cost fits, acceptance rates, calibration, mean answer lengths; None before its first request);
+    everything else it holds belongs to the current request and is reset by `start`, and the
+    verifiers keep nothing between requests. The planner is copied whole (numbers and a few small
+    index tensors), before the request and outside its timed windows."""
+    saved = [(d, copy.deepcopy(d.planner)) for d in drafters if hasattr(d, "planner")]
+
+    def rewind() -> None:
+        for drafter, planner in saved:
+            drafter.planner = copy.deepcopy(planner)  # a copy: a pair may be rewound more than once
+    return rewind
 
 
 def stalled_arm(prefill_s: dict[str, float]) -> str | None:

@@ -42,6 +42,7 @@ from judges import stats as judge_stats
 from judges.oracle import correct_facts, score_caption
 
 from . import prompts as bench_prompts
+from . import timing_checks
 from ..backends import draft_precision, linear_kernels
 from ..backends.base import Backend
 from ..backends.loading import load_backend, load_draft
@@ -311,6 +312,8 @@ def run(args: argparse.Namespace) -> dict:
         return cost_model.run(args)
     samples = make_text_samples(args.prompts, args.limit) if args.prompts else \
         make_samples(args.task, args.limit, args.frames)  # bad input fails before any model loads
+    if args.separate_runs:  # separate processes, each timing one arm (timing_checks.py)
+        return {"separate": timing_checks.separate_runs(args)}
     if args.hf_assisted and args.draft in (None, "self"):
         raise ValueError(f"--hf-assisted needs a draft model to assist with (--draft), got {args.draft!r}")
     check_assistant_dtypes(args.hf_assistant_dtype)
@@ -324,6 +327,8 @@ def run(args: argparse.Namespace) -> dict:
     options = _parse_kv(args.options)
     runners = {m: Runner(args.model, method=m, draft=args.draft, options=options, target_backend=target,
                          draft_backend=draft, **load) for m in args.methods.split(",")}
+    if args.aa or args.solo:
+        return timing_check_run(args, runners, samples, target, draft, options, load)
     if "vanilla" not in runners:
         runners = {"vanilla": Runner(args.model, "vanilla", target_backend=target, **load), **runners}
     if one_token == "engine":
@@ -359,6 +364,23 @@ def over_engine_vanilla(records: dict[str, list[dict]], names: list[str]) -> dic
     on a CPU the first is what speculation earns alone, the difference what the kernels earn."""
     base = _per_token(records[ENGINE_VANILLA], "d", "e")
     return {m: _speedups(base, _per_token(records[m], "d", "e")) for m in names if m != ENGINE_VANILLA}
+
+
+def timing_check_run(args: argparse.Namespace, runners: dict, samples: list[dict], target: Backend,
+                     draft: Backend | None, options: dict, load: dict) -> dict:
+    """--solo: time the listed methods alone (a --separate-runs process); --aa: the A/A checks on the
+    listed methods (timing_checks.py)."""
+    if args.solo:
+        records = run_methods(runners, samples, args.max_new_tokens)
+        return {"solo": {m: timing_checks.solo_summary(recs) for m, recs in records.items()},
+                **timing_checks.solo_summary([r for recs in records.values() for r in recs])}
+
+    def make_runner(method: str, **kw) -> Runner:
+        return Runner(args.model, method=method, draft=args.draft, options=options, target_backend=target,
+                      draft_backend=draft, **load, **kw)
+
+    records = run_methods(timing_checks.aa_runners(make_runner, list(runners)), samples, args.max_new_tokens)
+    return {"aa": timing_checks.aa_rows(records), "env": environment(target.device)}
 
 
 def hf_runners(args: argparse.Namespace, target: Backend, draft: Backend | None) -> dict[str, HFGenerate]:
@@ -430,6 +452,10 @@ def _main(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    if "aa" in result:
+        print(timing_checks.format_aa(result))
+    if "separate" in result:
+        print(timing_checks.format_separate(result))
     if "methods" in result:
         print(format_table(result))
     if result.get("hf"):
@@ -479,6 +505,15 @@ def register(sub) -> None:
                    help=f"also time {ENGINE_VANILLA}: vanilla whose one-token steps run the kernel measured fastest "
                         "for one row (model_arg one_token_kernels=engine), and give each method's speedup over it "
                         "(over_engine_vanilla): on a CPU, speculation apart from kernels")
+    p.add_argument("--aa", action="store_true",
+                   help="A/A checks instead of methods against vanilla: vanilla paired with vanilla, each method "
+                        "paired with itself, each method with drafting off against vanilla (each must read 1.00x within its "
+                        "interval; timing_checks.py)")
+    p.add_argument("--separate-runs", type=int, default=0, metavar="N",
+                   help="N separate processes of vanilla and N of the first other method, alternated, and one paired "
+                        "process: do the separate runs' speedups bracket the paired figure? (timing_checks.py)")
+    p.add_argument("--solo", action="store_true", help="time only the listed methods, no vanilla beside them "
+                                                       "(the processes of --separate-runs)")
     p.add_argument("--forward-cost", action="store_true",
                    help="print the target's (and draft's) forward cost for 1..64 new tokens against the one-token "
                         "step and the hardware's floor (forward_cost.py), instead of timing methods")

@@ -21,6 +21,7 @@ from ..backends.draft_precision import DRAFT_DTYPES
 from ..backends.frame_rules import VIDEO_RULES
 from ..backends.loading import DEMO_NAMES, DTYPES
 from ..decoding import methods
+from ..decoding.runner import PAIRED_WITH
 from ..demo import models as demo_models
 from .parity import THINKING_MODES, UNTIL_MODES
 
@@ -73,7 +74,11 @@ class ModelArgs:
     thinking: str | None = None
     stats_path: str | None = None  # JSONL of per-sample decode statistics
     paired_timing: bool = False  # also time vanilla greedy on every request, beside the method (same clock)
+    paired_with: str = "vanilla"  # with paired_timing: vanilla, or self (an A/A check: the method beside itself)
+    warmup: bool = True  # decode the first request once untimed before timing it (runner.Runner's warmup)
     on_device_error: str = "abort"  # a CUDA error or out-of-memory: stop the run (abort) or fail the sample (skip)
+    # with --use_cache and stats_path: reuse records made on another machine (models/resume.py; refused otherwise)
+    resume_any_machine: bool = False
     batch_size: int = 1  # lmms-eval always passes it; speculative decoding here is batch 1
     max_batch_size: int | None = None  # passed by lmms-eval with --max_batch_size; unused
     options: dict = field(default_factory=dict)  # DecodeOptions fields and prefixed options
@@ -129,6 +134,7 @@ class ModelArgs:
         if self.draft_dtype is not None:
             _one_of("draft_dtype", self.draft_dtype, DRAFT_DTYPES)
         _one_of("on_device_error", self.on_device_error, ON_DEVICE_ERROR)
+        _one_of("paired_with", self.paired_with, PAIRED_WITH)
         _one_of("until", self.until, UNTIL_MODES)
         if self.thinking is not None:  # lmms-eval half-types true/false: accept them for on/off
             self.thinking = {"true": "on", "false": "off"}.get(self.thinking.lower(), self.thinking.lower())
@@ -157,7 +163,8 @@ class ModelArgs:
                 "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "paired_timing": self.paired_timing,
                 "video_rule": self.video_rule, "cpu_kernels": self.cpu_kernels,
                 "one_token_kernels": self.one_token_kernels, "draft_dtype": self.draft_dtype,
-                "draft_vocab": self.draft_vocab, "draft_vocab_table": self.draft_vocab_table}
+                "draft_vocab": self.draft_vocab, "draft_vocab_table": self.draft_vocab_table,
+                "paired_with": self.paired_with, "warmup": self.warmup}
 
 
 def documented_arguments() -> list[str]:

@@ -32,7 +32,7 @@ from ..decoding.loop import make_clock
 from ..decoding.runner import Generation, Runner, VideoInput
 from .args import GenSettings, ModelArgs, read_gen_kwargs
 from .parity import class_rules, final_answer, stop_strings, thinking_mode
-from .resume import Resume, request_key, run_settings
+from .resume import Resume, machine_settings, request_key, run_settings, video_fingerprint
 from .stats_writer import StatsWriter, failure_record, success_record
 from .throughput import Throughput
 from .video import VideoError, load_video
@@ -76,7 +76,9 @@ class _LVSpecModel(lmms):
             kwargs["device"] = f"cuda:{local_rank}"  # one GPU per data-parallel process
         self.runner = Runner(**kwargs)
         # what every record carries, so that a resumed run reuses only records of the same settings
-        self.settings = run_settings(self.args, self.runner.options) if self.stats else None
+        self.settings = run_settings(self.args, self.runner.options, machine_settings(
+            self.runner.target, self.runner.draft_backend)) if self.stats else None
+        self._key: tuple = (None, None)  # (the request, its request key): the last one computed
         self.resume = None  # the stats file's completed samples, with --use_cache (models/resume.py)
         self._start_resume(use_cache)
         self._throughput = Throughput(self.runner.method)  # this generate_until call's figures
@@ -141,7 +143,7 @@ class _LVSpecModel(lmms):
             logger.warning(f"lvspec: --use_cache {use_cache}: cached answers are served without decoding; "
                            "no speed is measured")
             return
-        self.resume = Resume(self.stats.path, self.settings)
+        self.resume = Resume(self.stats.path, self.settings, self.args.resume_any_machine)
 
     def _respond(self, request: Instance) -> GenerationResult:
         info = self._info(request)
@@ -158,6 +160,7 @@ class _LVSpecModel(lmms):
                 prompt = render_text(self.runner.tokenizer, prompt, len(paths), enable_thinking=self.thinking)
             videos = [self._video(p) for p in paths]
             generation, max_new = self._generate(prompt, videos, settings)
+            generation.stats["frames"] = [None if v.indices is None else [int(i) for i in v.indices] for v in videos]
             generation = replace(generation, text=final_answer(generation.text, self.thinking))
         except DEVICE_ERRORS + (ValueError, RuntimeError) as err:  # VideoError is a ValueError
             if is_device_error(err):
@@ -192,7 +195,16 @@ class _LVSpecModel(lmms):
 
     # ---- records ----------------------------------------------------------------------------------
     def _request_key(self, info: RequestInfo) -> str:
-        return request_key(info.context, info.gen_kwargs)
+        """The request's key (models/resume.request_key): its text and generation kwargs, its video files
+        and the frame rule. Computed once per request (the doc function is called again to decode)."""
+        ident = (info.task, info.split, str(info.doc_id), info.context, repr(info.gen_kwargs))
+        if self._key[0] != ident:
+            try:
+                videos = tuple(video_fingerprint(p) for p in self._prompt_and_videos(info)[1])
+            except (ValueError, RuntimeError, OSError) as err:  # the sample fails the same way when decoded
+                videos = (f"videos unavailable: {type(err).__name__}",)
+            self._key = (ident, request_key(info.context, info.gen_kwargs, videos, self.frame_plan.describe))
+        return self._key[1]
 
     def _provenance(self, info: RequestInfo) -> dict:
         """What a resumed run checks before reusing the record: the run's settings and the request."""

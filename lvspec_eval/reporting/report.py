@@ -39,8 +39,8 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
    difference", "too few requests"; null for the baseline), "e2e_request_speedup" and
    "e2e_request_speedup_ci" (per request, whatever the answers' lengths), "length_ratio" (method tokens /
    baseline tokens), "e2e_paired_s_per_token" ([[baseline, method] seconds per generated token, ...] per
-   timed request), "retimed" (pairs in which a stalled arm was decoded
-   again, decoding/runner.timed_pair), "timing", "decode_tokens_per_s", "quality",
+   timed request), "retimed" (pairs decoded again after a
+   stall, decoding/runner.timed_pair), "untimed" (requests left out of the speed figures: stalled twice), "timing", "decode_tokens_per_s", "quality",
    "vanilla_quality", "metric", "retention", "retention_ci": [lo, hi], "non_inferior",
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
    "exact_match_rate", "exact_match_basis", "facts_lost", "fact_error_rate" (null where the task
@@ -87,7 +87,7 @@ from lvspec_eval.reporting import plots as report_plots
 from lvspec_eval.reporting.divergence import divergence_summary  # noqa: F401  (for `check` and callers holding records)
 from lvspec_eval.reporting.options import ReportOptions, make_options
 from lvspec_eval.reporting.quality import score_value  # noqa: F401  (public name)
-from lvspec_eval.reporting.rows import build_rows, task_order  # noqa: F401  (public names)
+from lvspec_eval.reporting.rows import build_rows, task_order, warn_machines  # noqa: F401  (public names)
 from lvspec_eval.reporting.runs import (  # noqa: F401  (the report's public names: callers and tests use them)
     LOSSLESS_METHODS,
     TaskRun,

@@ -38,6 +38,7 @@ def method_row(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOptions)
         )
     row = {"task": run.task, "method": run.method, "lossless": run.lossless}
     row["failed"] = sum(1 for r in run.stats.values() if r.get("error"))
+    row["untimed"] = sum(1 for r in run.stats.values() if r.get("untimed"))  # left out of the speed figures
     row.update(speed_fields(pairs, opts), cold_starts=cold_starts(run, vanilla))
     if run.method == opts.baseline and pairs:  # against itself: exactly 1, no verdict to give
         row.update(e2e_verdict=None, decode_verdict=None, e2e_speedup_ci=[1.0, 1.0], decode_speedup_ci=[1.0, 1.0])
@@ -76,6 +77,7 @@ def build_rows(runs: dict[tuple[str, str], TaskRun], opts: ReportOptions) -> lis
     if opts.baseline not in methods:
         found = ", ".join(methods) or "none"
         raise ValueError(f"no run with method={opts.baseline} (the baseline); runs found: {found}")
+    warn_machines(runs)
     tasks = task_order({t for t, _ in runs}, opts.length_tasks)
     for task in sorted(set(opts.metrics) - set(tasks)):
         log.warning("--metric names task %s, which no run has (tasks: %s)", task, ", ".join(tasks))
@@ -87,3 +89,20 @@ def build_rows(runs: dict[tuple[str, str], TaskRun], opts: ReportOptions) -> lis
             continue
         rows.extend(task_rows(task, by_method, opts))
     return rows
+
+
+def warn_machines(runs: dict[tuple[str, str], TaskRun]) -> None:
+    """Warn when the records come from more than one machine (their settings' machine.* entries,
+    models/resume.py: a run resumed with resume_any_machine=true, or runs made on two machines): times
+    of two machines do not compare, paired or not."""
+    machines: dict[tuple, list[str]] = {}
+    for run in runs.values():
+        for record in run.stats.values():
+            settings = record.get("settings") or {}
+            ident = tuple(sorted((k, str(v)) for k, v in settings.items() if k.startswith("machine.")))
+            if ident and f"{run.method}/{run.task}" not in machines.setdefault(ident, []):
+                machines[ident].append(f"{run.method}/{run.task}")
+    if len(machines) > 1:
+        where = "; ".join(f"{', '.join(dict(m).get(k, '?') for k in ('machine.cpu', 'machine.threads'))}: "
+                          f"{', '.join(names[:4])}" for m, names in machines.items())
+        log.warning("the records come from %d machines (%s): their times do not compare", len(machines), where)

@@ -56,6 +56,7 @@ def is_cold(method: dict, vanilla: dict) -> bool:
 def _error_free_pairs(run: TaskRun, vanilla: TaskRun) -> list[tuple[dict, dict]]:
     ids = sorted(set(run.stats) & set(vanilla.stats), key=str)
     ok = [i for i in ids if not run.stats[i].get("error") and not vanilla.stats[i].get("error")]
+    ok = [i for i in ok if not run.stats[i].get("untimed")]  # stalled twice (runner.timed_pair): no timing
     return [(run.stats[i], _beside(run.stats[i], vanilla.stats[i])) for i in ok]
 
 
