@@ -695,3 +695,14 @@ def test_time_breakdown_and_leaderboard_use_the_same_baseline_arms(runs, tmp_pat
             assert (ratio > 1) == (r["e2e_verdict"] == "faster")
     md = (tmp_path / "out" / "leaderboard.md").read_text()
     assert "| demo_mc | sd_tree | 5 (1) |" in md and "baseline ms/token" in md
+
+
+def test_a_first_request_decoded_after_a_warm_up_is_timed():
+    """warmup=true (the default) decodes a process's first request once untimed before timing it: that
+    request is warm and counts; without the warm-up it is a cold start and is left out."""
+    from lvspec_eval.reporting.speed import is_cold
+
+    assert is_cold({"request_index": 0}, {"request_index": 5})
+    assert is_cold({"request_index": 0, "warmed_up": False}, {})
+    assert not is_cold({"request_index": 0, "warmed_up": True}, {"request_index": 0, "warmed_up": True})
+    assert not is_cold({"request_index": 3}, {})

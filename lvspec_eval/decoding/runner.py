@@ -141,6 +141,7 @@ class Runner:
         record.update(method=self.method, tokens=out.tokens, kinds=out.kinds, relevance=out.relevance,
                       replaced=out.replaced, margins=out.margins)
         record["request_index"] = self._requests - 1  # 0: the process's first, cold-start request (reporting/speed.py)
+        record["warmed_up"] = self.warmup  # the first request was decoded once untimed before it was timed
         if base is not None:
             record.update(vanilla_decode_s=base.stats.decode_s, vanilla_e2e_s=base.stats.e2e_s,
                           vanilla_prefill_s=base.stats.prefill_s, vanilla_num_new_tokens=base.stats.num_new_tokens,

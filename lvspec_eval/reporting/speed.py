@@ -48,9 +48,10 @@ def cold_starts(run: TaskRun, vanilla: TaskRun) -> int:
 
 def is_cold(method: dict, vanilla: dict) -> bool:
     """Either arm was its process's first request (request_index 0: caches, allocator, lazily built
-    kernels and trees still cold). A paired arm ran in the method's process: it carries the method's
-    index. Records written before request_index existed are all taken as warm."""
-    return method.get("request_index") == 0 or vanilla.get("request_index") == 0
+    kernels and trees still cold) and was timed without a warm-up decode before it (model_arg
+    `warmup`, runner.Runner: "warmed_up" in the record). A paired arm ran in the method's process: it
+    carries the method's index. Records written before request_index existed are all taken as warm."""
+    return any(r.get("request_index") == 0 and not r.get("warmed_up") for r in (method, vanilla))
 
 
 def _error_free_pairs(run: TaskRun, vanilla: TaskRun) -> list[tuple[dict, dict]]:
