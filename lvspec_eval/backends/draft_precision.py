@@ -23,7 +23,6 @@ the largest: 272 MB).
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -99,14 +98,7 @@ def _load_cache() -> dict:
 
 
 def _save_cache(data: dict) -> None:
-    path = cache_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
-    except OSError:
-        pass  # a read-only home: measure again next time
+    linear_kernels.write_json_atomic(cache_file(), data)
 
 
 def _shape_groups(modules) -> dict[str, list[torch.nn.Linear]]:

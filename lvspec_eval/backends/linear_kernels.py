@@ -250,14 +250,19 @@ def _load_cache() -> dict:
 
 
 def _save_cache(data: dict) -> None:
-    path = cache_file()
+    write_json_atomic(cache_file(), data)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write a measurement cache so that a concurrent reader sees the old file or the new one; a
+    read-only home is not an error (the measurement is simply taken again next time)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+        tmp.replace(path)
     except OSError:
-        pass  # a read-only home: measure again next time
+        pass
 
 
 def _cached_curve(raw, with_onednn: bool) -> ShapeCurve | None:

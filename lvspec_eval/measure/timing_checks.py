@@ -33,33 +33,21 @@ from pathlib import Path
 
 from judges import stats as judge_stats
 
-from ..decoding.types import Draft
+from ..decoding.drafters.model import NoDrafter
 
 NEAR_VANILLA = 0.01  # a method that never drafts reads within this share of vanilla
 
 
-class NeverDrafts:
-    """A method's drafter that never proposes a token and never prepares its draft: what the method
-    costs on the target's side (its prefill captures, its verifier) when speculation is off."""
+class NeverDrafts(NoDrafter):
+    """A method's drafter that never proposes a token and never prepares its draft (vanilla's
+    NoDrafter) but asks the target for what the method's drafter asks (its prefill captures, its
+    hidden layers): what the method costs on the target's side when speculation is off."""
 
     def __init__(self, drafter):
         self.inner = drafter
         self.name = f"{drafter.name}:no-drafts"
         self.hidden_layers = drafter.hidden_layers
         self.needs_visual_attention = drafter.needs_visual_attention
-        self.preparation = None
-
-    def start(self, target, inputs, target_state, clock) -> dict:
-        return {}
-
-    def propose(self, generated: list[int]) -> Draft:
-        return Draft.empty()
-
-    def observe(self, verdict, scores, step=None) -> None:
-        pass
-
-    def estimates(self) -> dict | None:
-        return None
 
 
 # ---- A/A ----------------------------------------------------------------------------------------------
