@@ -107,9 +107,14 @@ class Runner:
         arms = [arm for arm in ((self.drafter, self.verifier), self.baseline) if arm is not None]
         rewind = rewinder(*(drafter for drafter, _ in arms))
         for arm in arms:
-            with self.one_token_steps():
-                loop.generate(self.target, *arm, prompt, [v.request() for v in videos], max_new_tokens, tuple(until))
+            self._decode(arm, prompt, videos, max_new_tokens, until)
         rewind()
+
+    def _decode(self, arm, prompt: str, videos: list[VideoInput], max_new_tokens: int,
+                until: tuple[str, ...]) -> loop.Output:
+        """One decode of the request with one (drafter, verifier) arm, as every timed or warm-up run is made."""
+        with paused_gc(), self.one_token_steps():
+            return loop.generate(self.target, *arm, prompt, [v.request() for v in videos], max_new_tokens, tuple(until))
 
     @property
     def device(self) -> torch.device:
@@ -122,9 +127,7 @@ class Runner:
     def generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int,
                  until: tuple[str, ...] = ()) -> Generation:
         def decode(arm) -> loop.Output:
-            with paused_gc(), self.one_token_steps():
-                return loop.generate(self.target, *arm, prompt, [v.request() for v in videos], max_new_tokens,
-                                     tuple(until))
+            return self._decode(arm, prompt, videos, max_new_tokens, until)
 
         method = (self.drafter, self.verifier)
         if self.warmup and self._requests == 0:
