@@ -254,10 +254,34 @@ def test_hf_assisted_gets_the_drafts_precision_and_a_float32_row(tmp_path, monke
     assert all(row["exact_match_rate"] == 1.0 for row in result["hf"].values())
 
 
+def test_an_int8_draft_gets_an_int8_assistant(tmp_path):
+    """--draft-dtype int8: transformers' assistant (row hf_assisted) runs int8 linear layers as our
+    draft does, on transformers' own path; outputs stay identical."""
+    from lvspec_eval.backends import draft_int8
+
+    seen = []
+    real = bench.HFGenerate.__init__
+
+    def spy(self, target, assistant=None):
+        real(self, target, assistant)
+        if assistant is not None:
+            seen.append(sum(isinstance(m, draft_int8.Int8Linear) for m in assistant.model.modules()))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench.HFGenerate, "__init__", spy)
+        result = bench.run(_bench_args(tmp_path, "--target", "demo", "--draft", "demo-draft", "--methods",
+                                       "vanilla,sd_tree", "--prompts", "builtin", "--limit", "1", "--hf-assisted",
+                                       "--draft-dtype", "int8", "--draft-vocab", "512"))
+    assert result["draft_dtype"] == "int8" and set(result["hf"]) == {"hf_assisted"}
+    assert len(seen) == 1 and seen[0] > 0
+    assert result["hf"]["hf_assisted"]["exact_match_rate"] == 1.0
+    assert result["methods"]["sd_tree"]["exact_match_rate"] == 1.0
+
+
 def test_hf_assistant_dtype_is_checked_before_loading(monkeypatch):
     from lvspec_eval import cli
 
     monkeypatch.setattr(bench, "load_backend", lambda *a, **k: pytest.fail("loaded a model before checking"))
-    with pytest.raises(ValueError, match="--hf-assistant-dtype int8"):
-        bench.run(cli.build_parser().parse_args(["bench", "--hf-assisted", "--hf-assistant-dtype", "same,int8",
+    with pytest.raises(ValueError, match="--hf-assistant-dtype int4"):
+        bench.run(cli.build_parser().parse_args(["bench", "--hf-assisted", "--hf-assistant-dtype", "same,int4",
                                                  "--prompts", "builtin"]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lvspec_eval.backends import draft_precision
+from lvspec_eval.backends import draft_int8, draft_precision
 from lvspec_eval.backends.loading import load_backend, load_draft
 from lvspec_eval.decoding import loop, methods
 from lvspec_eval.measure.bench import make_samples
@@ -16,8 +16,13 @@ TREES = {"adaptive": {}, "chain": {"tree": "chain", "tree_depth": 5},
 
 
 @pytest.fixture(scope="module")
-def demo_pair():
-    return load_backend("demo"), load_draft("demo-draft", "bfloat16")
+def demo_target():
+    return load_backend("demo")
+
+
+@pytest.fixture(scope="module", params=["bfloat16", "int8"])
+def demo_pair(request, demo_target):
+    return demo_target, load_draft("demo-draft", request.param)
 
 
 def _decode(target, draft, method: str, tree: dict, sample, max_new_tokens: int = 32):
@@ -28,20 +33,21 @@ def _decode(target, draft, method: str, tree: dict, sample, max_new_tokens: int 
 
 @pytest.mark.parametrize("method", ["sd_tree", "specvlm"])
 @pytest.mark.parametrize("tree", list(TREES))
-def test_a_bfloat16_draft_keeps_exact_methods_token_identical(demo_pair, method, tree):
+def test_a_reduced_precision_draft_keeps_exact_methods_token_identical(demo_pair, method, tree):
     target, draft = demo_pair
-    assert draft.model.dtype == torch.bfloat16 and target.model.dtype == torch.float32
+    assert draft.precision.dtype in ("bfloat16", "int8") and target.model.dtype == torch.float32
     accepted = 0
     for sample in make_samples("synthvid_caption", 2):
         want = _decode(target, None, "vanilla", {}, sample).tokens
         out = _decode(target, draft, method, TREES[tree], sample)
         assert out.tokens == want, f"{method} tree={tree} sample {sample['id']}"
         accepted += sum(out.stats.accepted_lengths)
-    assert accepted > 0, "the bfloat16 draft proposed nothing the target accepted"
+    assert accepted > 0, f"the {draft.precision.dtype} draft proposed nothing the target accepted"
 
 
-def test_a_bfloat16_draft_of_every_family_stays_lossless(family, make_case):
-    draft = load_draft(str(family.draft.model.name_or_path), "bfloat16")
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_a_reduced_precision_draft_of_every_family_stays_lossless(family, make_case, dtype):
+    draft = load_draft(str(family.draft.model.name_or_path), dtype)
     for seed in range(3):
         case = make_case(seed, family.max_side, with_video=True)
         runs = {}
@@ -53,8 +59,8 @@ def test_a_bfloat16_draft_of_every_family_stays_lossless(family, make_case):
         assert runs["sd_tree"] == runs["vanilla"] == runs["specvlm"], f"{family.name} seed {seed}"
 
 
-def test_cast_keeps_the_rotary_frequencies_in_float32(demo_pair):
-    draft = demo_pair[1]
+def test_cast_keeps_the_rotary_frequencies_in_float32():
+    draft = load_draft("demo-draft", "bfloat16")
     assert all(p.dtype == torch.bfloat16 for p in draft.model.parameters())
     inv = [b for n, b in draft.model.named_buffers() if n.endswith("inv_freq")]
     assert inv and all(b.dtype == torch.float32 for b in inv)
@@ -108,7 +114,55 @@ def test_measure_shape_times_both_dtypes():
 
 def test_draft_dtype_is_checked():
     with pytest.raises(ValueError, match="draft_dtype"):
-        ModelArgs.parse({"draft_dtype": "int8"})
+        ModelArgs.parse({"draft_dtype": "int4"})
     with pytest.raises(ValueError, match="draft_dtype"):
-        load_draft("demo-draft", "int8")
+        load_draft("demo-draft", "int4")
+    assert ModelArgs.parse({"draft_dtype": "int8"}).runner_kwargs()["draft_dtype"] == "int8"
     assert ModelArgs.parse({"draft_dtype": "auto"}).runner_kwargs()["draft_dtype"] == "auto"
+
+
+def test_int8_layers_compute_the_rounded_weights_and_free_the_float_ones():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 32, bias=False))
+    x = torch.randn(5, 64)
+    want = model(x)
+    assert draft_int8.quantize([model]) == 2
+    first, last = model[0], model[2]
+    assert isinstance(first, draft_int8.Int8Linear) and isinstance(last, draft_int8.Int8Linear)
+    # the stand-in weight keeps shape and dtype for readers, and holds one element, not 48 x 64
+    assert first.weight.shape == (48, 64) and first.weight.dtype == torch.float32
+    assert first.weight.untyped_storage().nbytes() == 4
+    got = model(x)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert torch.allclose(got, want, atol=0.05 * want.abs().max().item()), (got - want).abs().max()
+    assert not torch.equal(got, want)  # int8 products, not the float layer
+    assert model(x[None]).shape == (1, 5, 32)  # any leading shape
+
+
+def test_an_int8_draft_quantizes_its_language_model_and_head():
+    draft = load_draft("demo-draft", "int8", cpu_kernels="auto")
+    int8 = [m for m in draft.text_model().modules() if isinstance(m, draft_int8.Int8Linear)]
+    assert int8 and not [m for m in draft.text_model().modules() if isinstance(m, torch.nn.Linear)]
+    head = draft.model.lm_head
+    assert isinstance(head, draft_int8.Int8Linear) or hasattr(head, "_int8"), head
+    assert draft.precision.dtype == "int8" and draft.kernels is None  # no float kernels on top
+
+
+def test_a_draft_takes_its_measured_one_row_kernel_everywhere_the_target_only_when_asked(monkeypatch):
+    from lvspec_eval.backends import linear_kernels
+    x = torch.randn(1, 16)
+    real_linear = torch.nn.functional.linear
+    seen = []
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda a, *rest: (seen.append(a.shape[0]), real_linear(a, *rest))[1])
+    # one row padded to two: the row count F.linear sees tells which path a call took
+    for one_token, want in ((False, [1, 1]), (True, [1, 2]), ("always", [2, 2])):
+        layer = torch.nn.Linear(16, 8)
+        choices = {m: linear_kernels.Choice("pad", m + 1) for m in (1, 2) if m > 1 or one_token}
+        linear_kernels._wrap(layer, choices, None, always=one_token == "always")
+        seen.clear()
+        plain = real_linear(x, layer.weight, layer.bias)
+        layer(x)
+        with linear_kernels.one_token_steps():
+            out = layer(x)
+        assert seen == want, (one_token, seen)
+        assert torch.allclose(out, plain, atol=1e-6)

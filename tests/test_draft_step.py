@@ -93,5 +93,7 @@ def test_draft_cost_per_draft_counts_only_the_steps_that_drafted():
     assert rows["a"]["draft_ms_per_draft"] == pytest.approx(8.0)
     assert rows["b"]["draft_ms_per_draft"] == pytest.approx(4.0)
     table = bench.format_table({"task": "synthvid_caption", "methods": rows})
-    assert all(c in table for c in ("draft_ms_per_draft", "e2e_speedup_total", "draft_prepare_ms"))
+    assert all(c in table for c in ("draft_ms_per_draft", "draft_share", "e2e_speedup_total", "draft_prepare_ms"))
+    # the draft's share of the decode time: a drafts 0.011 s of its 1 s, b 0.016 s
+    assert rows["a"]["draft_share"] == pytest.approx(0.011) and rows["b"]["draft_share"] == pytest.approx(0.016)
     assert rows["a"]["e2e_speedup_total"] == pytest.approx(1.0)  # every record above waited 1.2 s

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from . import linear_kernels
 
-DRAFT_DTYPES = ("auto", "float32", "bfloat16", "float16")  # model_arg draft_dtype
+DRAFT_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # model_arg draft_dtype (int8: draft_int8.py)
 ROWS = (1, 4)  # rows timed per shape: a one-token step and a small drafting level
 REPEATS = 7  # timed calls per shape, rows and dtype (the fastest counts: a neighbour only adds time)
 MIN_GAIN = 0.9  # bfloat16 is chosen when it takes at most this share of float32's time
@@ -43,7 +43,7 @@ CACHE_VERSION = 1
 class Decision:
     """What `choose` decided and why (recorded on the backend as `precision`)."""
 
-    dtype: str  # float32 | bfloat16 | float16
+    dtype: str  # float32 | bfloat16 | float16 | int8
     reason: str
     float32_ms: float | None = None  # the draft's linear layers, summed over ROWS (None: not measured)
     bfloat16_ms: float | None = None

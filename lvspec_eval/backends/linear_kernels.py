@@ -106,12 +106,13 @@ def disabled():
     return _set(_off)
 
 
-def _row_choice(choices: dict[int, Choice], rows: int) -> Choice | None:
-    """The choice for a call over `rows` rows in the current context, None for nn.Linear."""
+def _row_choice(choices: dict[int, Choice], rows: int, always: bool = False) -> Choice | None:
+    """The choice for a call over `rows` rows in the current context, None for nn.Linear.
+    always: a draft's layer, whose one-row calls take their choice in every context."""
     if _off.get():
         return None
     if rows == 1:
-        return choices.get(1) if _one.get() else None
+        return choices.get(1) if always or _one.get() else None
     return choices.get(rows) if _multi.get() else None
 
 
@@ -387,7 +388,7 @@ class KernelReport:
     shapes: dict[str, dict] = field(default_factory=dict)
     packed_mb: float = 0.0
     measure_s: float = 0.0
-    one_token: bool = False  # the one-row choice installed (used inside one_token_steps())
+    one_token: bool | str = False  # the one-row choice installed: True inside one_token_steps(), "always"
 
     def summary(self) -> dict:
         return {"mode": self.mode, "packed_mb": round(self.packed_mb, 1), "measure_s": round(self.measure_s, 2),
@@ -471,11 +472,12 @@ def _describe(group: _Group, one_token: bool) -> dict:
             "choices": {m: shown.get(m, "torch") for m in range(1 if one_token else 2, ROWS[-1] + 1)}}
 
 
-def install(modules, mode: str = "auto", one_token: bool = False) -> KernelReport | None:
+def install(modules, mode: str = "auto", one_token: bool | str = False) -> KernelReport | None:
     """Measure (or read) and install per-shape kernels for multi-token forwards on the linear layers
     of `modules` (a language model and its LM head); with `one_token`, for one-row calls inside
-    `one_token_steps()` too. None where nothing is installed: mode `torch`, a non-CPU device, or no
-    shape where another kernel beats nn.Linear."""
+    `one_token_steps()` too; with one_token="always", for every one-row call (a draft's layers, whose
+    numerics never change an exact method's output). None where nothing is installed: mode `torch`,
+    a non-CPU device, or no shape where another kernel beats nn.Linear."""
     if mode not in MODES:
         raise ValueError(f"cpu_kernels={mode!r}; expected one of {', '.join(MODES)}")
     layers = [l for l in linear_layers(modules) if l.weight.device.type == "cpu"]
@@ -499,18 +501,18 @@ def install(modules, mode: str = "auto", one_token: bool = False) -> KernelRepor
     plan = [g for g in groups if g.choices]
     for group in plan:
         for layer, packed in zip(group.members, group.packed):
-            _wrap(layer, group.choices, packed)
+            _wrap(layer, group.choices, packed, always=one_token == "always")
     report.measure_s = time.perf_counter() - start
     return report if plan else None
 
 
-def _wrap(layer: torch.nn.Linear, choices: dict[int, Choice], packed: torch.Tensor | None) -> None:
+def _wrap(layer: torch.nn.Linear, choices: dict[int, Choice], packed: torch.Tensor | None, always: bool) -> None:
     plain = layer.forward
     in_features = layer.in_features
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // in_features
-        choice = _row_choice(choices, rows)
+        choice = _row_choice(choices, rows, always)
         if choice is None or choice.kind == "torch":
             return plain(x)
         x2d = x.reshape(rows, in_features)

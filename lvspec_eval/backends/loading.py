@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from . import attention, draft_precision, draft_vocab, linear_kernels, linear_state
+from . import attention, draft_int8, draft_precision, draft_vocab, linear_kernels, linear_state
 from .base import Backend
 from .frame_rules import check_rule
 from .chat_template import load_tokenizer
@@ -161,8 +161,13 @@ def load_draft(name: str, draft_dtype: str | None = None, vocab: int | None = No
         raise ValueError(f"draft_dtype={draft_dtype!r}; expected one of {', '.join(draft_precision.DRAFT_DTYPES)}")
     kernels = load.get("cpu_kernels", "torch")
     fixed = draft_dtype not in (None, "auto")
+    int8 = draft_dtype == "int8"
+    if int8 and not draft_int8.supported(torch.device(load.get("device") or "cpu")):
+        raise ValueError("draft_dtype=int8 runs on a CPU only (torch's dynamic quantized linear layers); "
+                         "on an accelerator use draft_dtype=bfloat16 or float16")
+    load_dtype = "float32" if int8 else draft_dtype
     backend = load_backend(name, **{**load, "cpu_kernels": "torch", "one_token_kernels": "torch",
-                                    **({"dtype": draft_dtype} if fixed else {})})
+                                    **({"dtype": load_dtype} if fixed else {})})
     if vocab is not None:
         table = draft_vocab.table_for(vocab_table, backend.tokenizer, resolve_path(name))
         draft_vocab.restrict(backend.model, draft_vocab.kept_ids(table, vocab, backend.tokenizer, backend.eos_token_ids))
@@ -172,9 +177,17 @@ def load_draft(name: str, draft_dtype: str | None = None, vocab: int | None = No
         backend.precision = draft_precision.choose(modules, backend.device, backend.model.dtype, kernels == "measure")
     else:
         backend.precision = draft_precision.Decision(loaded, "draft_dtype" if fixed else "the target's dtype")
+    if int8:
+        backend.precision = draft_precision.Decision(
+            "int8", f"draft_dtype: {draft_int8.quantize(modules)} linear layers in int8 (embeddings, norms, "
+                    "attention in float32)")
+        backend.kernels = None
+        return backend
     if backend.precision.dtype != loaded:
         cast_parameters(backend.model, DTYPES[backend.precision.dtype])
-    backend.kernels = linear_kernels.install(modules, kernels, one_token=load.get("one_token_kernels") == "engine")
+    # The draft's numerics never change an exact method's output, so its one-token steps take the
+    # kernel measured fastest for one row too (the target's stay transformers' own unless asked).
+    backend.kernels = linear_kernels.install(modules, kernels, one_token="always")
     return backend
 
 

@@ -43,7 +43,7 @@ from judges.oracle import correct_facts, score_caption
 
 from . import prompts as bench_prompts
 from . import timing_checks
-from ..backends import draft_precision, linear_kernels
+from ..backends import draft_int8, draft_precision, linear_kernels
 from ..backends.base import Backend
 from ..backends.loading import load_backend, load_draft
 from ..decoding import loop
@@ -169,6 +169,8 @@ def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dic
         "draft_ms_per_draft": 1000 * sum(r["drafted_draft_s"] for r in recs)
         / max(1, sum(1 for r in recs for n in r["num_draft_nodes"] if n)),  # steps that drafted only
         "verify_step_ms": 1000 * sum(r["verify_s"] for r in recs) / max(1, steps),
+        # the draft's bill: its share of the decode time (drafting, its catch-up forwards included)
+        "draft_share": sum(r["draft_s"] for r in recs) / max(1e-12, sum(r["decode_s"] for r in recs)),
         "mean_draft_nodes": sum(sum(r["num_draft_nodes"]) for r in recs) / max(1, steps),
         "prefill_ms": 1000 * statistics.fmean(r["prefill_s"] for r in recs),
         "prune_ms": 1000 * statistics.fmean(r["prune_s"] for r in recs),
@@ -224,7 +226,9 @@ class HFGenerate:
 
     @torch.no_grad()
     def generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int) -> Generation:
-        with paused_gc():  # as our methods' requests are timed (runner.paused_gc)
+        # as our methods' requests are timed (runner.paused_gc); transformers' own kernels throughout
+        # (a reused draft's layers otherwise take our measured one-row kernels)
+        with paused_gc(), linear_kernels.disabled():
             return self._generate(prompt, videos, max_new_tokens)
 
     def _generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int) -> Generation:
@@ -338,7 +342,7 @@ def run(args: argparse.Namespace) -> dict:
     result = {"task": f"prompts:{args.prompts}" if args.prompts else args.task, "limit": args.limit,
               "max_new_tokens": args.max_new_tokens, "options": options, "frames": args.frames,
               "target": args.model, "draft": args.draft, "dtype": args.dtype,
-              "draft_dtype": None if draft is None else str(draft.model.dtype).removeprefix("torch."),
+              "draft_dtype": None if draft is None else draft.precision.dtype,
               "draft_precision": None if getattr(draft, "precision", None) is None else draft.precision.summary(),
               "methods": {m: summarise(m, records[m], records["vanilla"], samples) for m in runners},
               "hf": {n: summarise_hf(records[n], records, list(runners)) for n in records if n.startswith("hf_")},
@@ -394,12 +398,22 @@ def hf_runners(args: argparse.Namespace, target: Backend, draft: Backend | None)
         out["hf_generate"] = HFGenerate(target)
     if not args.hf_assisted:
         return out
-    ours = str(draft.model.dtype).removeprefix("torch.")
+    ours = draft.precision.dtype
     for dtype in dict.fromkeys(ours if d == "same" else d for d in args.hf_assistant_dtype.split(",")):
         reuse = dtype == ours and args.draft_vocab is None  # our draft itself: same weights, same precision
-        assistant = draft if reuse else load_backend(args.draft, device=args.device, dtype=dtype)  # nn.Linear
+        assistant = draft if reuse else load_assistant(args.draft, args.device, dtype)
         out["hf_assisted" if dtype == ours else f"hf_assisted_{dtype}"] = HFGenerate(target, assistant=assistant)
     return out
+
+
+def load_assistant(name: str, device: str, dtype: str) -> Backend:
+    """A copy of the draft for transformers' assistant, in `dtype` (int8: draft_int8's layers, as
+    our draft runs them), with its full vocabulary and transformers' own kernels otherwise."""
+    if dtype != "int8":
+        return load_backend(name, device=device, dtype=dtype)
+    assistant = load_backend(name, device=device, dtype="float32")
+    draft_int8.quantize([assistant.text_model(), assistant.model.lm_head])
+    return assistant
 
 
 def check_assistant_dtypes(value: str) -> None:
@@ -411,13 +425,13 @@ def check_assistant_dtypes(value: str) -> None:
 
 VIDEO_COLUMNS = ("tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "e2e_speedup_ci", "e2e_verdict",
                  "e2e_speedup_total", "draft_prepare_ms",
-                 "draft_prepared_share", "decode_tokens_per_s", "draft_step_ms", "draft_ms_per_draft", "verify_step_ms",
-                 "quality", "retention", "facts_lost", "exact_match_rate", "kept_visual_tokens")
+                 "draft_prepared_share", "decode_tokens_per_s", "draft_step_ms", "draft_ms_per_draft", "draft_share",
+                 "verify_step_ms", "quality", "retention", "facts_lost", "exact_match_rate", "kept_visual_tokens")
 # text prompts have no task metric: speed, acceptance and step costs, and exact match to vanilla
 TEXT_COLUMNS = ("tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "e2e_speedup_ci", "e2e_verdict",
                 "e2e_speedup_total", "draft_prepare_ms",
                 "draft_prepared_share", "prefill_ms", "decode_tokens_per_s", "e2e_tokens_per_s", "draft_step_ms",
-                "draft_ms_per_draft",
+                "draft_ms_per_draft", "draft_share",
                 "verify_step_ms", "mean_draft_nodes", "exact_match_rate")
 
 
