@@ -6,6 +6,10 @@ is output (DESIGN.md). On the real pair the 0.5B draft's one-token step is 40 % 
 and a drafting step four levels deep costs more than a target step: the draft is the bill, and in
 bfloat16 it reads half the bytes.
 
+`int8` (CPU only, never chosen by `auto`): the draft's linear layers in dynamic int8
+(draft_int8.py), the cheapest step measured, with a small loss of agreement with the target that a
+timing of linear layers cannot see; a user opts in.
+
 `auto` on a CPU: bfloat16 only where torch's oneDNN reports bfloat16 support on this CPU
 (AVX-512 BF16 or AMX; `torch.ops.mkldnn._is_mkldnn_bf16_supported()`, asked at run time, never
 assumed), and only where it is measured faster: per distinct linear shape of the draft's language
