@@ -27,6 +27,12 @@ from .stats import (
     reset_peak_memory,
 )
 from .types import TARGET, StepStats
+from .verifiers.exact import ExactVerifier
+
+# A step without draft nodes is verified as a plain step, whatever the method's verifier: with nothing
+# drafted there is nothing to accept loosely, and the target's token is the verdict. So such a step
+# costs what vanilla's does: no hidden states for the verifier (LVSpec's relevance), no loose rules.
+PLAIN = ExactVerifier()
 
 
 @dataclass
@@ -107,14 +113,16 @@ def _decode(backend, drafter, verifier, state, layers, generated: list[int], rec
     """Draft, score, verify and commit until `stop`; extends `generated` and `records` in place.
     Returns the seconds spent preparing a lazy draft inside the steps (not decoding time)."""
     prepare_in_decode, t_prev, fwd_prev = 0.0, clock(), forwards.seconds
+    plain_layers = tuple(sorted(set(drafter.hidden_layers)))  # what the drafter reads of every step
     while not _finished(stop, generated):
         before = _prepared_s(drafter)
         draft = drafter.propose(generated)
         t_drafted = clock()
         prepared = _prepared_s(drafter) - before
         prepare_in_decode += prepared
-        scores = backend.score(state, draft, hidden_layers=layers)
-        verdict = verifier.verify(draft, scores, state.visual_hidden)
+        judge, judged_layers = (verifier, layers) if draft.num_nodes else (PLAIN, plain_layers)
+        scores = backend.score(state, draft, hidden_layers=judged_layers)
+        verdict = judge.verify(draft, scores, state.visual_hidden)
         backend.commit(state, verdict)
         t_verified = clock()
         step = StepStats(draft.num_nodes, verdict.num_accepted, t_drafted - t_prev - prepared,
