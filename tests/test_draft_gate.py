@@ -165,3 +165,48 @@ def test_a_step_without_drafts_runs_no_relevance_machinery(family, make_case, mo
     vanilla = loop.generate(family.target, NoDrafter(), methods.VERIFIERS["exact"](None), case.prompt, case.videos, 6)
     assert out.tokens == vanilla.tokens and len(asked) == len(out.stats.steps) > 0
     assert all(layers == () for layers in asked)
+
+
+def test_drafting_is_judged_in_plain_steps_of_its_own_stretch():
+    """A drafting step is worth its tokens over its cost in plain steps measured then: two steps
+    caught in a spike are outvoted, and a load that slows plain and drafting steps alike changes
+    nothing (a rate over raw seconds held against plain steps measured since kept a run backed off)."""
+    gate = DraftGate()
+    gate.start_sample(budget=256)
+    gate.decide(1)
+    _plain(gate, seconds=0.01)
+    for seconds in (0.02, 0.02, 0.2, 0.02, 0.2):  # 4 tokens per step: worth 2 plain steps' time, or 0.2 in a spike
+        gate.observe(9, [1, 2, 3, 4], 0.0, seconds, 1)
+    assert gate.worth() == pytest.approx(2.0)
+    for _ in range(8):
+        _plain(gate, seconds=0.05)  # the machine slows down 5x: plain steps now take 0.05 s
+    assert gate.worth() == pytest.approx(2.0) and gate.drafting_rate() == pytest.approx(40.0)
+    gate.observe(9, [1, 2, 3, 4], 0.0, 0.1, 1)  # drafting at the new speed: still 2 plain steps
+    assert gate.worth() == pytest.approx(2.0) and gate.decide(20)[0]
+
+
+@pytest.mark.parametrize("method", ["specvlm", "std", "sparrow"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl"], indirect=True)
+def test_the_request_tensors_go_when_the_request_ends(family, make_case, method, monkeypatch, tmp_path):
+    """A drafter that never drafted holds the target's inputs and state for a lazy preparation; it
+    lets go of them when the request ends (`finish`), not at the next request's start, where freeing
+    them was timed as that request's work. Vanilla's go when the loop returns."""
+    import weakref
+
+    from lvspec_eval.decoding.drafters.sparrow import SparrowHead
+
+    options = {}
+    if method == "sparrow":
+        torch.manual_seed(0)
+        SparrowHead.for_target(family.target).save(tmp_path / "head")
+        options["sparrow_head"] = str(tmp_path / "head")
+    spec = methods.resolve(method)
+    drafter, verifier = methods.build(spec, methods.make_options(spec, options), family.draft, family.target)
+    states = []
+    prefill = family.target.prefill
+    monkeypatch.setattr(family.target, "prefill", lambda *a, **k: (lambda out: states.append(weakref.ref(out[0])) or out)(
+        prefill(*a, **k)))
+    case = make_case(3, family.max_side)
+    out = loop.generate(family.target, drafter, verifier, case.prompt, case.videos, 2)
+    assert out.stats.draft_prepared_at is None  # the run's first step is plain: nothing drafted
+    assert states and all(ref() is None for ref in states)  # the target's state (its KV cache) is gone

@@ -5,8 +5,9 @@
     until EOS, a stop string or the limit.
 
 A drafter has `start(target, inputs, target_state, clock)` (the request begins; with
-draft_prepare=eager it prepares its draft there), `propose`, `observe`, `estimates`, and
-`preparation` (a types.Preparation once its draft is prepared in this request, else None).
+draft_prepare=eager it prepares its draft there), `propose`, `observe`, `estimates`, `finish()` (the
+request is over: it lets go of the request's tensors), and `preparation` (a types.Preparation once its
+draft is prepared in this request, else None).
 
 Vanilla decoding is the same loop with a drafter that proposes nothing.
 """
@@ -100,9 +101,12 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     stats.decode_s = clock() - t_start - prepare_in_decode
     n, text = _truncate(backend, generated, max_new_tokens, until)
     stats.num_new_tokens = n
+    stats.e2e_s = clock() - t0
+    # What follows is for the record, not the answer: outside the timed window, as what vanilla frees
+    # is freed when this returns (the drafter's policy estimates, the request's tensors it holds).
     _record_preparation(stats, getattr(drafter, "preparation", None))
     stats.policy = drafter.estimates()
-    stats.e2e_s = clock() - t0
+    drafter.finish()
     stats.peak_memory_mb = peak_memory_mb(devices)
     return Output(tokens=generated[:n], text=text, stats=stats, kinds=records.kinds[:n],
                   relevance=records.relevance[:n], replaced=records.replaced[:n], margins=records.margins[:n])

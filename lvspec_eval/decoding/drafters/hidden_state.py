@@ -98,6 +98,12 @@ class HiddenStateDrafter:
         self._request = (inputs, target_state, clock)
         return self.prepare(0).as_dict() if self.eager else {}
 
+    def finish(self) -> None:
+        """The request is over: let go of the target's inputs and state (held until prepared) outside
+        its timed window (ModelDrafter.finish says why); the head's own cache (text rows and the
+        answer's) is small and stays until the next `start`."""
+        self._request = None
+
     @torch.no_grad()
     def prepare(self, num_generated: int) -> Preparation:
         """Feed the prompt rows the head sees (`_prompt_rows`), each with the target's h at the

@@ -8,9 +8,13 @@ parts, with the shape left to the drafter:
   (schedule.Schedule);
 - the tokens the answer still needs (answer.AnswerLength): where the answer is expected to end with
   this step's own token (a multiple-choice letter), nothing is drafted;
-- what drafting this shape is worth: the rate (tokens committed over seconds drafting and verifying)
-  of the recent drafting steps, with the tokens a step commits capped by what the answer still needs
-  (a 9-token chain commits at most the 2 tokens a short answer has left);
+- what drafting this shape is worth: per recent drafting step, the tokens it committed over its
+  cost in plain steps (its seconds drafting and verifying over the plain step's median then), with
+  the tokens capped by what the answer still needs (a 9-token chain commits at most the 2 tokens a
+  short answer has left); the median over the last RECENT_STEPS such steps. Held against 1 (a plain
+  step's one token per plain step): a load that slows both alike changes nothing, and a drafting
+  step caught in a spike is outvoted (a rate over raw seconds, held against plain steps measured
+  since, kept a run backed off long after a spike had passed);
 - whether preparing the draft is repaid (preparation.Preparation, draft_prepare=lazy: a request whose
   steps never draft costs no draft-side work);
 - where drafting does not pay, a probe now and then (1, 2, 4, ... steps apart, and at the first such
@@ -19,6 +23,8 @@ parts, with the shape left to the drafter:
 The run's first drafting step is a probe (nothing is known yet), as the adaptive policy's is.
 """
 from __future__ import annotations
+
+import statistics
 
 from .answer import AnswerLength
 from .fits import CostModel
@@ -33,7 +39,7 @@ class DraftGate:
     def __init__(self, eos_token_ids: frozenset[int] = frozenset()):
         self.eos_token_ids = frozenset(eos_token_ids)
         self.costs, self.answer, self.preparation, self.schedule = CostModel(), AnswerLength(), Preparation(), Schedule()
-        self.recent: list[tuple[int, float]] = []  # (tokens committed, seconds) of the recent drafting steps
+        self.recent: list[tuple[int, float]] = []  # (tokens committed, cost in plain steps) of recent drafting steps
 
     # ---- a request ---------------------------------------------------------------------------------
     def start_sample(self, budget: int | None = None, prompt_tokens: int = 0, prepared: bool = True,
@@ -47,13 +53,19 @@ class DraftGate:
         self.preparation.observe(seconds)
 
     # ---- choosing ------------------------------------------------------------------------------------
-    def drafting_rate(self) -> float | None:
-        """Tokens per second the recent drafting steps would commit on this answer (None: none yet)."""
+    def worth(self) -> float | None:
+        """Tokens per plain step's time the recent drafting steps would commit on this answer: the
+        median over them of min(tokens, tokens the answer needs) / cost in plain steps (None: none yet;
+        above 1: drafting pays)."""
         if not self.recent:
             return None
-        tokens, seconds = (sum(x) for x in zip(*self.recent))
-        per_step = min(tokens / len(self.recent), max(self.answer.left(), 1.0))
-        return per_step * len(self.recent) / seconds if seconds > 0 else float("inf")
+        need = max(self.answer.left(), 1.0)
+        return statistics.median(min(tokens, need) / max(cost, 1e-9) for tokens, cost in self.recent)
+
+    def drafting_rate(self) -> float | None:
+        """Tokens per second drafting is expected to commit now (None: nothing drafted yet)."""
+        worth = self.worth()
+        return None if worth is None or not self.costs.single else worth / self.costs.single
 
     def decide(self, num_generated: int = 0) -> tuple[bool, dict]:
         """Whether this step drafts, and why (the record's plan when it does not)."""
@@ -82,9 +94,10 @@ class DraftGate:
                 num_pending: int) -> None:
         """A step drafted `num_draft_nodes` nodes (0: a plain step) and committed `tokens`."""
         self.answer.committed(tokens, self.eos_token_ids)
-        if num_draft_nodes:
-            self.recent = (self.recent + [(len(tokens), draft_s + verify_s)])[-RECENT_STEPS:]
-        elif num_pending == 1:  # a plain one-token step: what drafting is held against
+        if num_draft_nodes and self.costs.single:
+            cost = (draft_s + verify_s) / self.costs.single  # in plain steps of the same stretch
+            self.recent = (self.recent + [(len(tokens), cost)])[-RECENT_STEPS:]
+        elif not num_draft_nodes and num_pending == 1:  # a plain one-token step: what drafting is held against
             self.costs.observe(1, 0, 0, 0.0, verify_s)
             self.schedule.plain_measured()
 
