@@ -210,3 +210,45 @@ def test_the_request_tensors_go_when_the_request_ends(family, make_case, method,
     out = loop.generate(family.target, drafter, verifier, case.prompt, case.videos, 2)
     assert out.stats.draft_prepared_at is None  # the run's first step is plain: nothing drafted
     assert states and all(ref() is None for ref in states)  # the target's state (its KV cache) is gone
+
+
+# ---- a request that cannot draft prefills as vanilla does -----------------------------------------------
+def test_steps_may_draft_only_where_more_than_the_steps_own_token_is_left():
+    from lvspec_eval.decoding.policy import AnswerLength
+
+    answer = AnswerLength()
+    assert answer.steps_may_draft(16) and answer.steps_may_draft(None)  # nothing known yet
+    assert not answer.steps_may_draft(2) and not answer.steps_may_draft(1)  # the steps' own token is all
+    answer.start(16)
+    answer.generated = 1
+    answer.committed([EOS], frozenset({EOS}))  # a letter (the prefill's) and its end: 2 tokens
+    assert not answer.steps_may_draft(16)  # asked before the next request folds it in: the same answer
+    assert answer.steps_may_draft(64)  # another budget: not known
+    answer.start(16)
+    assert answer.mean_length == 2 and not answer.steps_may_draft(16)
+    answer.generated = 1
+    answer.committed([5, 6, EOS], frozenset({EOS}))  # a longer answer moves the mean past 2
+    assert answer.steps_may_draft(16)
+
+
+@pytest.mark.parametrize("method", ["specvlm", "lvspec", "std", "sage"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl"], indirect=True)
+def test_a_request_that_cannot_draft_captures_nothing_for_a_draft(family, make_case, method, monkeypatch):
+    """max_new_tokens=2 (the steps' one token): no text queries for pruning, no hidden states for
+    LVSpec's relevance at the prefill; a longer request of the same drafter captures them."""
+    spec = methods.resolve(method)
+    drafter, verifier = methods.build(spec, methods.make_options(spec, {}), family.draft, family.target)
+    asked = []
+    prefill = family.target.prefill
+
+    def spy(inputs, hidden_layers=(), keep_visual=None, visual_attention=False):  # the target's prefills
+        asked.append((tuple(hidden_layers), visual_attention))  # (the drafts prefill on family.draft)
+        return prefill(inputs, hidden_layers, keep_visual, visual_attention)
+
+    monkeypatch.setattr(family.target, "prefill", spy)
+    case = make_case(5, family.max_side)
+    loop.generate(family.target, drafter, verifier, case.prompt, case.videos, 2)
+    assert asked == [((), False)]
+    asked.clear()
+    loop.generate(family.target, drafter, verifier, case.prompt, case.videos, 8)
+    assert asked[0] == (verifier.hidden_layers, True)

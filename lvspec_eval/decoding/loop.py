@@ -4,7 +4,9 @@
     target.score -> verifier.verify -> commit accepted tokens + bonus -> drafter.observe }
     until EOS, a stop string or the limit.
 
-A drafter has `start(target, inputs, target_state, clock)` (the request begins; with
+A drafter has `may_draft(max_new_tokens)` (asked before the prefill: may any step of this request
+draft? No, and the prefill captures nothing only a draft needs), `start(target, inputs, target_state,
+clock)` (the request begins; with
 draft_prepare=eager it prepares its draft there), `propose`, `observe`, `estimates`, `finish()` (the
 request is over: it lets go of the request's tensors), and `preparation` (a types.Preparation once its
 draft is prepared in this request, else None).
@@ -80,8 +82,14 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     inputs.extra["request"] = (prompt, videos)
     inputs.extra["max_new_tokens"] = max_new_tokens  # the request's budget (the adaptive policy keys on it)
     t1 = clock()
-    layers = tuple(sorted(set(verifier.hidden_layers) | set(drafter.hidden_layers)))
-    state, logits = backend.prefill(inputs, hidden_layers=layers, visual_attention=drafter.needs_visual_attention)
+    # Where no step of this request may draft (its answer is expected to end with each step's own
+    # token: a multiple-choice letter), the prefill is vanilla's: no text queries for pruning scores,
+    # no hidden states for a loose verifier (a drafter's own layers stay: Sparrow's head follows
+    # every step's).
+    drafts = drafter.may_draft(max_new_tokens)
+    layers = tuple(sorted(set(verifier.hidden_layers if drafts else ()) | set(drafter.hidden_layers)))
+    state, logits = backend.prefill(inputs, hidden_layers=layers,
+                                    visual_attention=drafts and drafter.needs_visual_attention)
     stats.preprocess_s, stats.prefill_s = t1 - t0, clock() - t1
     stats.visual_tokens = stats.kept_visual_tokens = inputs.num_visual_tokens
     stats.prompt_tokens = int(inputs.input_ids.shape[1])

@@ -149,6 +149,14 @@ def _select(nodes: Nodes, keep_n: int | None, depth: int, plan: dict | None) -> 
                  scores=nodes.score[keep], probs=nodes.logp[keep].exp(), depth=depth, plan=plan)
 
 
+def may_draft(planner: TreePlanner | None, config: TreeConfig, budget: int | None) -> bool:
+    """Whether a step of the next request, of `budget` new tokens, may draft (TreePlanner.may_draft;
+    before the run's first request, from the budget alone)."""
+    if planner is None:
+        return budget is None or budget > (2 if config.gated else 1)
+    return planner.may_draft(budget)
+
+
 class TreePlanner:
     """What every drafter does around its model: pick the step's shape (fixed, or the adaptive
     policy's or SAGE's), grow it, and feed the policy what the step measured. Holds one Grower.
@@ -177,6 +185,16 @@ class TreePlanner:
             self.sage.start_sample()
         if self.gate is not None:
             self.gate.start_sample(budget, prompt_tokens, prepared, prefill_s)
+
+    def may_draft(self, budget: int | None) -> bool:
+        """Whether any step of the next request, of `budget` new tokens, may draft (asked before its
+        prefill): where the policy or the gate decides, not when the answer is expected to end with
+        each step's own token (answer.AnswerLength.steps_may_draft); a tree that drafts on every step
+        drafts whenever a step is left."""
+        decider = self.policy or self.gate
+        if decider is not None:
+            return decider.answer.steps_may_draft(budget)
+        return budget is None or budget > 1
 
     def prepared(self, seconds: float) -> None:
         """The draft was prepared, in `seconds` (the policy learns what preparing costs)."""

@@ -98,6 +98,11 @@ class HiddenStateDrafter:
         self._request = (inputs, target_state, clock)
         return self.prepare(0).as_dict() if self.eager else {}
 
+    def may_draft(self, budget: int | None) -> bool:
+        """Whether the next request may need the draft (growth.may_draft): an eager drafter prepares it at
+        every request's start, whatever its steps do."""
+        return self.eager or growth.may_draft(self.planner, self.tree, budget)
+
     def finish(self) -> None:
         """The request is over: let go of the target's inputs and state (held until prepared) outside
         its timed window (ModelDrafter.finish says why); the head's own cache (text rows and the
