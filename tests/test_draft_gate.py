@@ -231,24 +231,35 @@ def test_steps_may_draft_only_where_more_than_the_steps_own_token_is_left():
     assert answer.steps_may_draft(16)
 
 
-@pytest.mark.parametrize("method", ["specvlm", "lvspec", "std", "sage"])
+@pytest.mark.parametrize("method", ["specvlm", "lvspec", "std", "sage", "sparrow"])
 @pytest.mark.parametrize("family", ["qwen2_5_vl"], indirect=True)
-def test_a_request_that_cannot_draft_captures_nothing_for_a_draft(family, make_case, method, monkeypatch):
+def test_a_request_that_cannot_draft_captures_nothing_for_a_draft(family, make_case, method, monkeypatch, tmp_path):
     """max_new_tokens=2 (the steps' one token): no text queries for pruning, no hidden states for
-    LVSpec's relevance at the prefill; a longer request of the same drafter captures them."""
+    LVSpec's relevance or Sparrow's head, at the prefill or any step; a longer request of the same
+    drafter captures them."""
+    from lvspec_eval.decoding.drafters.sparrow import SparrowHead
+
+    options = {}
+    if method == "sparrow":
+        torch.manual_seed(0)
+        SparrowHead.for_target(family.target).save(tmp_path / "head")
+        options["sparrow_head"] = str(tmp_path / "head")
     spec = methods.resolve(method)
-    drafter, verifier = methods.build(spec, methods.make_options(spec, {}), family.draft, family.target)
-    asked = []
-    prefill = family.target.prefill
+    drafter, verifier = methods.build(spec, methods.make_options(spec, options), family.draft, family.target)
+    asked, steps = [], []
+    prefill, score = family.target.prefill, family.target.score
 
     def spy(inputs, hidden_layers=(), keep_visual=None, visual_attention=False):  # the target's prefills
         asked.append((tuple(hidden_layers), visual_attention))  # (the drafts prefill on family.draft)
         return prefill(inputs, hidden_layers, keep_visual, visual_attention)
 
     monkeypatch.setattr(family.target, "prefill", spy)
+    monkeypatch.setattr(family.target, "score", lambda state, draft, hidden_layers=(): steps.append(
+        tuple(hidden_layers)) or score(state, draft, hidden_layers))
     case = make_case(5, family.max_side)
-    loop.generate(family.target, drafter, verifier, case.prompt, case.videos, 2)
-    assert asked == [((), False)]
+    out = loop.generate(family.target, drafter, verifier, case.prompt, case.videos, 2)
+    assert asked == [((), False)] and steps == [()] * len(out.stats.steps)
     asked.clear()
     loop.generate(family.target, drafter, verifier, case.prompt, case.videos, 8)
-    assert asked[0] == (verifier.hidden_layers, True)
+    wanted = tuple(sorted(set(verifier.hidden_layers) | set(drafter.hidden_layers)))
+    assert asked[0] == (wanted, drafter.needs_visual_attention) and (wanted or drafter.needs_visual_attention)

@@ -83,11 +83,11 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     inputs.extra["max_new_tokens"] = max_new_tokens  # the request's budget (the adaptive policy keys on it)
     t1 = clock()
     # Where no step of this request may draft (its answer is expected to end with each step's own
-    # token: a multiple-choice letter), the prefill is vanilla's: no text queries for pruning scores,
-    # no hidden states for a loose verifier (a drafter's own layers stay: Sparrow's head follows
-    # every step's).
-    drafts = drafter.may_draft(max_new_tokens)
-    layers = tuple(sorted(set(verifier.hidden_layers if drafts else ()) | set(drafter.hidden_layers)))
+    # token: a multiple-choice letter), the prefill and the steps are vanilla's: no text queries for
+    # pruning scores, no hidden states for a loose verifier or a drafter (Sparrow's head follows the
+    # target's states only in a request it may draft in: inputs.extra["may_draft"]).
+    drafts = inputs.extra["may_draft"] = drafter.may_draft(max_new_tokens)
+    layers = tuple(sorted(set(verifier.hidden_layers) | set(drafter.hidden_layers))) if drafts else ()
     state, logits = backend.prefill(inputs, hidden_layers=layers,
                                     visual_attention=drafts and drafter.needs_visual_attention)
     stats.preprocess_s, stats.prefill_s = t1 - t0, clock() - t1
@@ -104,7 +104,7 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     state.pending = list(generated)
     t_start = clock()
     with ForwardClock(_forward_modules(backend, drafter)) as forwards:
-        prepare_in_decode = _decode(backend, drafter, verifier, state, layers, generated, records, stats,
+        prepare_in_decode = _decode(backend, drafter, verifier, state, layers, drafts, generated, records, stats,
                                     StopCheck(backend, max_new_tokens, until), clock, forwards)
     stats.decode_s = clock() - t_start - prepare_in_decode
     n, text = _truncate(backend, generated, max_new_tokens, until)
@@ -120,12 +120,12 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
                   relevance=records.relevance[:n], replaced=records.replaced[:n], margins=records.margins[:n])
 
 
-def _decode(backend, drafter, verifier, state, layers, generated: list[int], records: _TokenRecords,
+def _decode(backend, drafter, verifier, state, layers, drafts: bool, generated: list[int], records: _TokenRecords,
             stats: SampleStats, stop: StopCheck, clock, forwards: ForwardClock) -> float:
     """Draft, score, verify and commit until `stop`; extends `generated` and `records` in place.
     Returns the seconds spent preparing a lazy draft inside the steps (not decoding time)."""
     prepare_in_decode, t_prev, fwd_prev = 0.0, clock(), forwards.seconds
-    plain_layers = tuple(sorted(set(drafter.hidden_layers)))  # what the drafter reads of every step
+    plain_layers = tuple(sorted(set(drafter.hidden_layers))) if drafts else ()  # what the drafter reads of every step
     while not _finished(stop, generated):
         before = _prepared_s(drafter)
         draft = drafter.propose(generated)
