@@ -204,8 +204,13 @@ def test_the_request_tensors_go_when_the_request_ends(family, make_case, method,
     drafter, verifier = methods.build(spec, methods.make_options(spec, options), family.draft, family.target)
     states = []
     prefill = family.target.prefill
-    monkeypatch.setattr(family.target, "prefill", lambda *a, **k: (lambda out: states.append(weakref.ref(out[0])) or out)(
-        prefill(*a, **k)))
+
+    def spy(*args, **kwargs):
+        out = prefill(*args, **kwargs)
+        states.append(weakref.ref(out[0]))
+        return out
+
+    monkeypatch.setattr(family.target, "prefill", spy)
     case = make_case(3, family.max_side)
     out = loop.generate(family.target, drafter, verifier, case.prompt, case.videos, 2)
     assert out.stats.draft_prepared_at is None  # the run's first step is plain: nothing drafted

@@ -33,14 +33,14 @@ from ..tree import Shape, dynamic_shape  # names callers have used as the policy
 from .acceptance import NUM_BINS, AcceptanceModel, Calibration, Rate, model_accepted
 from .adaptive import AdaptivePolicy
 from .answer import AnswerLength
-from .gate import DraftGate
 from .fits import GROWTH, CostModel, OnlineLinear
+from .gate import DraftGate
 from .preparation import CHEAP_SHARE, PREPARE_PROBE, RECENT, Preparation
 from .regime import RECENT_STEPS, SURPRISE, SURPRISES, Regime
 from .schedule import EXPLORE_EVERY, REFRESH_EVERY, Schedule
 from .search import best_plan, choose_total, neighbour
 
 __all__ = ["CHEAP_SHARE", "EXPLORE_EVERY", "GROWTH", "NUM_BINS", "PREPARE_PROBE", "RECENT", "RECENT_STEPS",
-           "REFRESH_EVERY", "SURPRISE", "SURPRISES", "AcceptanceModel", "AdaptivePolicy", "AnswerLength", "DraftGate",
-           "Calibration", "CostModel", "OnlineLinear", "Preparation", "Rate", "Regime", "Schedule", "Shape",
-           "best_plan", "choose_total", "dynamic_shape", "model_accepted", "neighbour"]
+           "REFRESH_EVERY", "SURPRISE", "SURPRISES", "AcceptanceModel", "AdaptivePolicy", "AnswerLength",
+           "Calibration", "CostModel", "DraftGate", "OnlineLinear", "Preparation", "Rate", "Regime", "Schedule",
+           "Shape", "best_plan", "choose_total", "dynamic_shape", "model_accepted", "neighbour"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import statistics
 
-
 PREPARE_PROBE = 4  # requests refused a draft preparation before one prepares anyway (then 8, 16, ...)
 RECENT = 8  # preparations whose median cost estimates the next one
 CHEAP_SHARE = 0.05  # a preparation under this share of the answer's expected plain decoding is always made
