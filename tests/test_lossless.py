@@ -35,6 +35,9 @@ TREES = {
     "sage": {"tree": "sage"},  # SAGE's own settings (D_max 8, W_max 10, 64 nodes)
     # SpecVLM's pruning with UV-Prune's scores (hidden states, no attention maps)
     "uv": {"tree": "dynamic", "tree_depth": 4, "tree_topk": 4, "tree_total": 12, "prune_scorer": "uv"},
+    # SAGE's tree and StD's chain draft only where the draft gate expects it to pay; these draft on every step
+    "sage_always": {"tree": "sage", "draft_when": "always"},
+    "std_always": {"tree": "chain", "tree_depth": 9, "std_keep": 0.25, "draft_when": "always"},
 }
 METHODS = ("sd_tree", "specvlm", "sage", "std")  # std ignores the draft: the target drafts over its own cache
 DRAFTS = ("std", "self")  # std: the family's separate small draft; self: draft=None (the target)
@@ -82,12 +85,14 @@ FAST = [
         (8, "sage", "std", "sage"), (9, "sage", "self", "sage"), (15, "sd_tree", "self", "sage"),
         (10, "specvlm", "std", "uv"), (12, "specvlm", "self", "uv"), (13, "sage", "self", "uv"),
         (14, "std", None, "std"), (16, "std", None, "sage"), (23, "std", None, "std"),
+        (17, "sage", "std", "sage_always"), (18, "std", None, "std_always"),
     ]
 ]
 # Every combination, two more seeds each (48 cases).
 SLOW = [
     pytest.param(fam, method, draft, tree_kind, seed, marks=pytest.mark.slow)
-    for i, (fam, method, draft, tree_kind) in enumerate(itertools.product(FAMILIES, METHODS, DRAFTS, TREES))
+    for i, (fam, method, draft, tree_kind) in enumerate(itertools.product(
+        FAMILIES, METHODS, DRAFTS, [t for t in TREES if not t.endswith("_always")]))
     for seed in (100 + 2 * i, 101 + 2 * i)
 ]
 
@@ -221,7 +226,10 @@ def test_std_over_its_whole_cache_accepts_everything(family, make_case):
     seed = 11
     out = _generate(family, "std", None, {"std_keep": 1.0}, _case(family, make_case, seed), MAX_NEW_TOKENS)
     assert out.tokens == _vanilla(family, make_case, seed)
-    assert out.stats.steps and all(s.num_accepted == 9 for s in out.stats.steps)
+    # the draft gate decodes the run's first step plainly (to measure it), and the view is prepared
+    # then (lazily): it catches up on the committed entries before the first chain
+    drafted = [s for s in out.stats.steps if s.num_draft_nodes]
+    assert drafted and all(s.num_accepted == 9 for s in drafted)
 
 
 @pytest.mark.parametrize("family", FAMILIES, indirect=True)

@@ -94,7 +94,7 @@ def test_node_cap_keeps_the_likeliest():
 
 def test_planner_uses_sage_and_feeds_it_accepted_lengths():
     spec = methods.resolve("sage")
-    options = methods.make_options(spec, {})
+    options = methods.make_options(spec, {"draft_when": "always"})  # SAGE's own schedule: every step drafts
     assert spec.drafter == "pruned" and spec.verifier == "exact" and options.tree == "sage"
     planner = TreePlanner(options.tree_config(), torch.device("cpu"))
     shape, plan = planner.next_shape(0)

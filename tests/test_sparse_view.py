@@ -46,7 +46,7 @@ def test_k_from_share_count_or_budget():
 def test_the_view_holds_text_and_k_video_entries_and_shares_linear_layers(family, make_case):
     target = family.target
     spec = methods.resolve("std")
-    options = methods.make_options(spec, {"std_keep": 0.25})
+    options = methods.make_options(spec, {"std_keep": 0.25, "draft_prepare": "eager"})  # the view at start
     assert (options.tree, options.tree_depth) == ("chain", 9)
     drafter, _ = methods.build(spec, options, None, target)
     case = make_case(3, family.max_side)

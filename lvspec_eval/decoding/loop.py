@@ -4,9 +4,12 @@
     target.score -> verifier.verify -> commit accepted tokens + bonus -> drafter.observe }
     until EOS, a stop string or the limit.
 
-A drafter has `start(target, inputs, target_state, clock)` (the request begins; with
-draft_prepare=eager it prepares its draft there), `propose`, `observe`, `estimates`, and
-`preparation` (a types.Preparation once its draft is prepared in this request, else None).
+A drafter has `may_draft(max_new_tokens)` (asked before the prefill: may any step of this request
+draft? No, and the prefill captures nothing only a draft needs), `start(target, inputs, target_state,
+clock)` (the request begins; with
+draft_prepare=eager it prepares its draft there), `propose`, `observe`, `estimates`, `finish()` (the
+request is over: it lets go of the request's tensors), and `preparation` (a types.Preparation once its
+draft is prepared in this request, else None).
 
 Vanilla decoding is the same loop with a drafter that proposes nothing.
 """
@@ -27,6 +30,12 @@ from .stats import (
     reset_peak_memory,
 )
 from .types import TARGET, StepStats
+from .verifiers.exact import ExactVerifier
+
+# A step without draft nodes is verified as a plain step, whatever the method's verifier: with nothing
+# drafted there is nothing to accept loosely, and the target's token is the verdict. So such a step
+# costs what vanilla's does: no hidden states for the verifier (LVSpec's relevance), no loose rules.
+PLAIN = ExactVerifier()
 
 
 @dataclass
@@ -73,8 +82,14 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     inputs.extra["request"] = (prompt, videos)
     inputs.extra["max_new_tokens"] = max_new_tokens  # the request's budget (the adaptive policy keys on it)
     t1 = clock()
-    layers = tuple(sorted(set(verifier.hidden_layers) | set(drafter.hidden_layers)))
-    state, logits = backend.prefill(inputs, hidden_layers=layers, visual_attention=drafter.needs_visual_attention)
+    # Where no step of this request may draft (its answer is expected to end with each step's own
+    # token: a multiple-choice letter), the prefill and the steps are vanilla's: no text queries for
+    # pruning scores, no hidden states for a loose verifier or a drafter (Sparrow's head follows the
+    # target's states only in a request it may draft in: inputs.extra["may_draft"]).
+    drafts = inputs.extra["may_draft"] = drafter.may_draft(max_new_tokens)
+    layers = tuple(sorted(set(verifier.hidden_layers) | set(drafter.hidden_layers))) if drafts else ()
+    state, logits = backend.prefill(inputs, hidden_layers=layers,
+                                    visual_attention=drafts and drafter.needs_visual_attention)
     stats.preprocess_s, stats.prefill_s = t1 - t0, clock() - t1
     stats.visual_tokens = stats.kept_visual_tokens = inputs.num_visual_tokens
     stats.prompt_tokens = int(inputs.input_ids.shape[1])
@@ -89,32 +104,37 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     state.pending = list(generated)
     t_start = clock()
     with ForwardClock(_forward_modules(backend, drafter)) as forwards:
-        prepare_in_decode = _decode(backend, drafter, verifier, state, layers, generated, records, stats,
+        prepare_in_decode = _decode(backend, drafter, verifier, state, layers, drafts, generated, records, stats,
                                     StopCheck(backend, max_new_tokens, until), clock, forwards)
     stats.decode_s = clock() - t_start - prepare_in_decode
     n, text = _truncate(backend, generated, max_new_tokens, until)
     stats.num_new_tokens = n
+    stats.e2e_s = clock() - t0
+    # What follows is for the record, not the answer: outside the timed window, as what vanilla frees
+    # is freed when this returns (the drafter's policy estimates, the request's tensors it holds).
     _record_preparation(stats, getattr(drafter, "preparation", None))
     stats.policy = drafter.estimates()
-    stats.e2e_s = clock() - t0
+    drafter.finish()
     stats.peak_memory_mb = peak_memory_mb(devices)
     return Output(tokens=generated[:n], text=text, stats=stats, kinds=records.kinds[:n],
                   relevance=records.relevance[:n], replaced=records.replaced[:n], margins=records.margins[:n])
 
 
-def _decode(backend, drafter, verifier, state, layers, generated: list[int], records: _TokenRecords,
+def _decode(backend, drafter, verifier, state, layers, drafts: bool, generated: list[int], records: _TokenRecords,
             stats: SampleStats, stop: StopCheck, clock, forwards: ForwardClock) -> float:
     """Draft, score, verify and commit until `stop`; extends `generated` and `records` in place.
     Returns the seconds spent preparing a lazy draft inside the steps (not decoding time)."""
     prepare_in_decode, t_prev, fwd_prev = 0.0, clock(), forwards.seconds
+    plain_layers = tuple(sorted(set(drafter.hidden_layers))) if drafts else ()  # what the drafter reads of every step
     while not _finished(stop, generated):
         before = _prepared_s(drafter)
         draft = drafter.propose(generated)
         t_drafted = clock()
         prepared = _prepared_s(drafter) - before
         prepare_in_decode += prepared
-        scores = backend.score(state, draft, hidden_layers=layers)
-        verdict = verifier.verify(draft, scores, state.visual_hidden)
+        judge, judged_layers = (verifier, layers) if draft.num_nodes else (PLAIN, plain_layers)
+        scores = backend.score(state, draft, hidden_layers=judged_layers)
+        verdict = judge.verify(draft, scores, state.visual_hidden)
         backend.commit(state, verdict)
         t_verified = clock()
         step = StepStats(draft.num_nodes, verdict.num_accepted, t_drafted - t_prev - prepared,

@@ -44,7 +44,8 @@ METHODS: dict[str, MethodSpec] = {
     "fly": MethodSpec("pruned", "fly", {"tree_depth": 15}),  # FLy's public chain length k, as the cap
     "lvspec": MethodSpec("pruned", "lvspec"),
     "sage": MethodSpec("pruned", "exact", {"tree": "sage"}),  # SpecVLM's pruned draft, SAGE's entropy-driven tree
-    "std": MethodSpec("sparse_view", "exact", {"tree": "chain", "tree_depth": 9}),  # Sparse-to-Dense: chain of 9
+    # Sparse-to-Dense: chain of 9, drafted where drafting pays (as sage's tree and the adaptive policy)
+    "std": MethodSpec("sparse_view", "exact", {"tree": "chain", "tree_depth": 9, "draft_when": "pays"}),
 }
 LOSSLESS_VERIFIERS = ("exact",)
 
@@ -53,6 +54,8 @@ LOSSLESS_VERIFIERS = ("exact",)
 # every earlier figure was measured with; adaptive's are caps, wide enough for a GPU, where a
 # 64-node verification costs about one target step (the policy measures and stays narrow on a CPU).
 DRAFT_PREPARE = ("eager", "lazy")
+DRAFT_WHEN = ("pays", "always")
+GATED_TREES = ("adaptive", "sage")  # the kinds that draft only where it pays unless draft_when says otherwise
 TREE_DEFAULTS = {"adaptive": (12, 8, 64), "dynamic": (8, 4, 16), "chain": (8, 1, 8), "static": (5, 4, 25),
                  "sage": (8, 10, 64)}  # SAGE: D_max 8, W_max 10, 64 nodes (its section 5.1)
 
@@ -79,8 +82,13 @@ class DecodeOptions:
     # eager: prepare the draft (pruning, its vision tower, its prefill) right after the target's
     # prefill, every request; lazy: on the first step that drafts (the adaptive policy's choice,
     # weighing what preparing costs; a fixed tree's first step), never for a one-token answer.
-    # None: lazy with tree=adaptive, eager with the fixed trees (their behaviour before the option).
+    # None: lazy where a step drafts only when it pays (draft_when), eager where every step drafts.
     draft_prepare: str | None = None
+    # pays: a step drafts only where drafting is expected to pay (the adaptive policy decides for
+    # tree=adaptive; the draft gate, policy/gate.py, for SAGE's tree and the fixed ones: no draft for a
+    # one-letter answer); always: every step drafts. None: pays for tree=adaptive and tree=sage (and
+    # std, whose method default says so), always for the fixed trees (their behaviour before the option).
+    draft_when: str | None = None
     extra: dict = field(default_factory=dict)  # verifier/drafter options (fly_*, lv_*, sparrow_*, mtp_*)
 
     @classmethod
@@ -94,18 +102,29 @@ class DecodeOptions:
             raise ValueError(f"std_budget={self.std_budget} must be >= 1 (entries per layer, K + text)")
         if self.draft_prepare not in (None, *DRAFT_PREPARE):
             raise ValueError(f"draft_prepare={self.draft_prepare!r}; expected one of {', '.join(DRAFT_PREPARE)}")
+        if self.draft_when not in (None, *DRAFT_WHEN):
+            raise ValueError(f"draft_when={self.draft_when!r}; expected one of {', '.join(DRAFT_WHEN)}")
+        if self.draft_when == "always" and self.tree == "adaptive":
+            raise ValueError("draft_when=always with tree=adaptive: the adaptive policy decides when a step drafts; "
+                             "pick a fixed tree (dynamic, static, chain) or sage to draft on every step")
+
+    def gated(self) -> bool:
+        """Whether a step drafts only where drafting is expected to pay (see `draft_when`)."""
+        if self.draft_when is None:
+            return self.tree in GATED_TREES
+        return self.draft_when == "pays"
 
     def eager_draft(self) -> bool:
         """Whether the draft is prepared at the start of every request (see `draft_prepare`)."""
         if self.draft_prepare is None:
-            return self.tree != "adaptive"
+            return not self.gated()
         return self.draft_prepare == "eager"
 
     def tree_config(self) -> TreeConfig:
         depth, topk, total = (given if given is not None else default for given, default in
                               zip((self.tree_depth, self.tree_topk, self.tree_total),
                                   TREE_DEFAULTS.get(self.tree, TREE_DEFAULTS["dynamic"])))
-        return TreeConfig(self.tree, depth, topk, total, self.tree_static)
+        return TreeConfig(self.tree, depth, topk, total, self.tree_static, gated=self.gated())
 
     def prune_config(self) -> PruneConfig:
         layers = None

@@ -157,10 +157,12 @@ class TreeConfig:
     (ancestors of kept nodes are always kept). static: the nodes are fixed rank paths
     (`choices`). chain: one branch of `depth` greedy draft tokens. sage: SAGE's entropy-driven
     tree (decoding/sage_tree.py), depth <= `depth`, width <= `topk`, nodes <= `total`.
+    gated: a step drafts only where drafting is expected to pay (policy/gate.py decides; the adaptive
+    kind always decides so itself); else a fixed kind or SAGE drafts on every step.
     """
 
     def __init__(self, kind: str = "dynamic", depth: int = 5, topk: int = 10, total: int = 60,
-                 choices: tuple[tuple[int, ...], ...] | str = "specvlm26"):
+                 choices: tuple[tuple[int, ...], ...] | str = "specvlm26", gated: bool = False):
         if kind not in TREE_KINDS:
             raise ValueError(f"tree={kind!r} is not a tree kind; expected one of {', '.join(TREE_KINDS)}")
         if isinstance(choices, str):
@@ -174,11 +176,13 @@ class TreeConfig:
         self.choices = frozenset(tuple(c) for c in choices)
         self.depth = max(len(c) for c in self.choices) if kind == "static" else depth
         self.adaptive = kind == "adaptive"
+        self.gated = gated or self.adaptive
 
     def __repr__(self) -> str:
         if self.kind == "static":
             return f"TreeConfig(static, {len(self.choices)} nodes)"
-        return f"TreeConfig({self.kind}, depth={self.depth}, topk={self.topk}, total={self.total})"
+        gate = ", gated" if self.gated and not self.adaptive else ""
+        return f"TreeConfig({self.kind}, depth={self.depth}, topk={self.topk}, total={self.total}{gate})"
 
     def shape(self) -> Shape:
         """The fixed shape of the non-adaptive kinds (the adaptive policy and SAGE build their own)."""

@@ -49,6 +49,9 @@ class NeverDrafts(NoDrafter):
         self.hidden_layers = drafter.hidden_layers
         self.needs_visual_attention = drafter.needs_visual_attention
 
+    def may_draft(self, budget: int | None) -> bool:
+        return True  # the prefill captures what the method's drafter asks for where it may draft
+
 
 # ---- A/A ----------------------------------------------------------------------------------------------
 def aa_runners(make_runner, methods: list[str]) -> dict:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..policy import AdaptivePolicy
+from ..policy import AdaptivePolicy, DraftGate
 from ..sage_tree import SageTree
 from ..tree import Level, Shape, TreeConfig, extend_visibility
 from ..types import Draft
@@ -149,9 +149,19 @@ def _select(nodes: Nodes, keep_n: int | None, depth: int, plan: dict | None) -> 
                  scores=nodes.score[keep], probs=nodes.logp[keep].exp(), depth=depth, plan=plan)
 
 
+def may_draft(planner: TreePlanner | None, config: TreeConfig, budget: int | None) -> bool:
+    """Whether a step of the next request, of `budget` new tokens, may draft (TreePlanner.may_draft;
+    before the run's first request, from the budget alone)."""
+    if planner is None:
+        return budget is None or budget > (2 if config.gated else 1)
+    return planner.may_draft(budget)
+
+
 class TreePlanner:
     """What every drafter does around its model: pick the step's shape (fixed, or the adaptive
-    policy's or SAGE's), grow it, and feed the policy what the step measured. Holds one Grower."""
+    policy's or SAGE's), grow it, and feed the policy what the step measured. Holds one Grower.
+    With `config.gated` a tree of the drafter's own shape (SAGE's, a fixed one) drafts only where the
+    draft gate (policy/gate.py) says drafting pays; the adaptive policy decides that itself."""
 
     def __init__(self, config: TreeConfig, device: torch.device, eos_token_ids=()):
         self.config, self.grower = config, Grower(device)
@@ -159,6 +169,7 @@ class TreePlanner:
                        if config.adaptive else None)
         # SAGE's entropy-driven tree grows node by node from the draft's probabilities (sage_tree.py)
         self.sage = SageTree(config.depth, config.topk, config.total) if config.kind == "sage" else None
+        self.gate = DraftGate(frozenset(eos_token_ids)) if config.gated and not config.adaptive else None
         self._fixed = None if config.adaptive or self.sage else config.shape()
         if self._fixed is not None:
             self.grower.prepare(self._fixed)
@@ -172,14 +183,34 @@ class TreePlanner:
             self.policy.start_sample(budget, prompt_tokens, prepared, prefill_s)
         if self.sage is not None:
             self.sage.start_sample()
+        if self.gate is not None:
+            self.gate.start_sample(budget, prompt_tokens, prepared, prefill_s)
+
+    def may_draft(self, budget: int | None) -> bool:
+        """Whether any step of the next request, of `budget` new tokens, may draft (asked before its
+        prefill): where the policy or the gate decides, not when the answer is expected to end with
+        each step's own token (answer.AnswerLength.steps_may_draft); a tree that drafts on every step
+        drafts whenever a step is left."""
+        decider = self.policy or self.gate
+        if decider is not None:
+            return decider.answer.steps_may_draft(budget)
+        return budget is None or budget > 1
 
     def prepared(self, seconds: float) -> None:
         """The draft was prepared, in `seconds` (the policy learns what preparing costs)."""
         if self.policy is not None:
             self.policy.observe_preparation(seconds)
+        if self.gate is not None:
+            self.gate.observe_preparation(seconds)
 
     def next_shape(self, num_generated: int = 0) -> tuple[Shape | None, dict | None]:
         """The step's shape (None: propose nothing this step) and what the policy chose, if any."""
+        if self.gate is not None:
+            drafts, why = self.gate.decide(num_generated)
+            if not drafts:
+                return None, why
+            shape, plan = self.sage.next_shape() if self.sage is not None else (self._fixed, {"depth": self._fixed.depth})
+            return shape, {**plan, **why}
         if self.sage is not None:
             return self.sage.next_shape()
         if self.policy is None:
@@ -194,7 +225,7 @@ class TreePlanner:
         if self.sage is not None:
             return self.sage.grow(shape, plan, root_logits, feed)
         if self.policy is None:
-            return self.grower.grow(shape, root_logits, feed)
+            return self.grower.grow(shape, root_logits, feed, plan=plan)
 
         def total(values: torch.Tensor) -> int:
             plan["nodes"] = self.policy.choose_total(values, shape.depth - 1, plan["nodes_fed"])
@@ -205,9 +236,13 @@ class TreePlanner:
     def observe(self, verdict, scores, step) -> None:
         if self.sage is not None and step.num_draft_nodes:
             self.sage.observe(verdict.num_accepted)
+        if self.gate is not None:
+            self.gate.observe(step.num_draft_nodes, verdict.tokens, step.draft_s, step.verify_s, scores.num_pending)
         if self.policy is not None:
             view = scores.host_view(None) if step.num_draft_nodes else None
             self.policy.observe(step, view, verdict, scores.num_pending)
 
     def estimates(self) -> dict | None:
+        if self.gate is not None:
+            return self.gate.estimates()
         return None if self.policy is None else self.policy.estimates()

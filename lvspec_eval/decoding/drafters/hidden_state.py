@@ -64,6 +64,7 @@ class HiddenStateDrafter:
         self.last_prompt_h: torch.Tensor | None = None
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, out) after the last fed token
         self.num_generated = 0
+        self.follows = True  # whether this request may draft (then the target's h are recorded step by step)
         self.planner: growth.TreePlanner | None = None  # the draft shape policy, made on first use
 
     # ---- subclass hooks -----------------------------------------------------------------------
@@ -96,7 +97,19 @@ class HiddenStateDrafter:
                                   inputs.extra.get("prefill_s"))
         self.cache, self.preparation, self.known, self.num_generated = None, None, [], 0
         self._request = (inputs, target_state, clock)
+        self.follows = inputs.extra.get("may_draft", True)  # no: the request never drafts, nothing to follow
         return self.prepare(0).as_dict() if self.eager else {}
+
+    def may_draft(self, budget: int | None) -> bool:
+        """Whether the next request may need the draft (growth.may_draft): an eager drafter prepares it at
+        every request's start, whatever its steps do."""
+        return self.eager or growth.may_draft(self.planner, self.tree, budget)
+
+    def finish(self) -> None:
+        """The request is over: let go of the target's inputs and state (held until prepared) outside
+        its timed window (ModelDrafter.finish says why); the head's own cache (text rows and the
+        answer's) is small and stays until the next `start`."""
+        self._request = None
 
     @torch.no_grad()
     def prepare(self, num_generated: int) -> Preparation:
@@ -133,7 +146,12 @@ class HiddenStateDrafter:
 
     @torch.no_grad()
     def observe(self, verdict, scores, step=None) -> None:
-        """Record the target's true h for the pending tokens and the accepted cached nodes."""
+        """Record the target's true h for the pending tokens and the accepted cached nodes (in a
+        request that may draft: in one that cannot, the loop asks the target for no hidden states)."""
+        if not self.follows:
+            if step is not None:
+                self.planner.observe(verdict, scores, step)
+            return
         p = scores.num_pending
         if len(self.known) + p != self.num_generated:
             raise RuntimeError(f"{self.name} bookkeeping: {len(self.known)} known hidden states + {p} pending "

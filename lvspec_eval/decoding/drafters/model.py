@@ -38,6 +38,12 @@ class NoDrafter:
     def estimates(self) -> dict | None:
         return None
 
+    def finish(self) -> None:
+        pass
+
+    def may_draft(self, budget: int | None) -> bool:
+        return False
+
 
 class ModelDrafter:
     """Draft with a causal LM backend (`backend=None` means the target itself: Self-SD).
@@ -124,6 +130,17 @@ class ModelDrafter:
 
     def estimates(self) -> dict | None:
         return None if self.planner is None else self.planner.estimates()
+
+    def may_draft(self, budget: int | None) -> bool:
+        """Whether the next request may need the draft (growth.may_draft): an eager drafter prepares it at
+        every request's start, whatever its steps do."""
+        return self.eager or growth.may_draft(self.planner, self.tree, budget)
+
+    def finish(self) -> None:
+        """The request is over: let go of its tensors (the target's inputs and cache, the draft's
+        cache) now, outside its timed window, as vanilla's go when the loop returns; held until the next
+        request's `start`, they were freed inside that request's window."""
+        self._request, self.state, self._root_logits = None, None, None
 
     def propose(self, generated: list[int]) -> Draft:
         shape, plan = self.planner.next_shape(len(generated))

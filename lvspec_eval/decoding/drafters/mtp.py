@@ -210,6 +210,10 @@ class MTPDrafter(HiddenStateDrafter):
         self._embeds = inputs.extra.get("embeds")  # the target's own (vision tower included), computed at prefill
         return super().start(target, inputs, target_state, clock)
 
+    def finish(self) -> None:
+        super().finish()
+        self._embeds = None  # the target's prompt embeddings, held until prepared
+
     def _prompt_rows(self, inputs: PreparedInputs, hidden: torch.Tensor):
         """Rows 1 .. L-1 (every token but the first, visual ones included) with the target's input
         embeddings there, each fed with h of the row before it."""

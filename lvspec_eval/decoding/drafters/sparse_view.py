@@ -130,6 +130,15 @@ class SparseViewDrafter:
     def estimates(self) -> dict | None:
         return None if self.planner is None else self.planner.estimates()
 
+    def may_draft(self, budget: int | None) -> bool:
+        """Whether the next request may need the draft (growth.may_draft): an eager drafter prepares it at
+        every request's start, whatever its steps do."""
+        return self.eager or growth.may_draft(self.planner, self.tree, budget)
+
+    def finish(self) -> None:
+        """The request is over: let go of the target's state and the view (as ModelDrafter.finish)."""
+        self.target_state, self.state, self.video = None, None, None
+
 
 def build_drafter(options, draft_backend, target_backend) -> SparseViewDrafter:
     """methods.DRAFTERS factory: the target drafts for itself (draft_backend is not used)."""

@@ -15,7 +15,9 @@ and decides from that. Its parts, one job each (each module says how it works):
 - regime.py       whether the machine changed (surprises) and whether drafting really pays (realised rate);
 - answer.py       how many tokens the answer still needs (a multiple-choice letter: none);
 - preparation.py  whether preparing a request's draft (draft_prepare=lazy) is repaid;
-- adaptive.py     AdaptivePolicy, which composes them and is what the drafters call.
+- adaptive.py     AdaptivePolicy, which composes them and is what the drafters call;
+- gate.py         DraftGate: the same decision of whether to draft, from the same parts, for a drafter
+                  whose tree shape is its own (SAGE's, StD's chain; `draft_when=pays`).
 
 Each step: the plan (depth D, width w) with the highest expected rate
     rate(D, w) = (1 + k sum_{d=1..D} c_w^d) / (draft(D - 1, w (D - 1)) + verify(1 + w D)),
@@ -32,6 +34,7 @@ from .acceptance import NUM_BINS, AcceptanceModel, Calibration, Rate, model_acce
 from .adaptive import AdaptivePolicy
 from .answer import AnswerLength
 from .fits import GROWTH, CostModel, OnlineLinear
+from .gate import DraftGate
 from .preparation import CHEAP_SHARE, PREPARE_PROBE, RECENT, Preparation
 from .regime import RECENT_STEPS, SURPRISE, SURPRISES, Regime
 from .schedule import EXPLORE_EVERY, REFRESH_EVERY, Schedule
@@ -39,5 +42,5 @@ from .search import best_plan, choose_total, neighbour
 
 __all__ = ["CHEAP_SHARE", "EXPLORE_EVERY", "GROWTH", "NUM_BINS", "PREPARE_PROBE", "RECENT", "RECENT_STEPS",
            "REFRESH_EVERY", "SURPRISE", "SURPRISES", "AcceptanceModel", "AdaptivePolicy", "AnswerLength",
-           "Calibration", "CostModel", "OnlineLinear", "Preparation", "Rate", "Regime", "Schedule", "Shape",
-           "best_plan", "choose_total", "dynamic_shape", "model_accepted", "neighbour"]
+           "Calibration", "CostModel", "DraftGate", "OnlineLinear", "Preparation", "Rate", "Regime", "Schedule",
+           "Shape", "best_plan", "choose_total", "dynamic_shape", "model_accepted", "neighbour"]

@@ -20,10 +20,29 @@ class AnswerLength:
     def start(self, budget: int | None) -> None:
         """A new request of `budget` tokens: fold the last answer into its budget's mean length."""
         if self.sample_tokens:
-            n, mean = self.sample_tokens, self.mean_lengths.get(self.budget)
-            self.mean_lengths[self.budget] = n if mean is None else 0.8 * mean + 0.2 * n
+            self.mean_lengths[self.budget] = self._mean_for(self.budget)
         self.sample_tokens = 0
         self.budget = budget
+
+    def _mean_for(self, budget: int | None) -> float | None:
+        """The mean length of `budget`'s answers once the last answer is folded in (`start` folds it)."""
+        mean = self.mean_lengths.get(budget)
+        if self.sample_tokens and budget == self.budget:
+            n = self.sample_tokens
+            mean = n if mean is None else 0.8 * mean + 0.2 * n
+        return mean
+
+    def steps_may_draft(self, budget: int | None) -> bool:
+        """Whether a step of the next request, of `budget` new tokens, can expect more than its own
+        token to be left to commit (`left()` > 1), asked before the request starts. No: the budget
+        leaves the steps one token, or answers of this budget are at most 2 tokens long (a
+        multiple-choice letter and its end; `remaining()` is then at most 1 from the first step on,
+        the prefill's token being the first): no step of the request drafts, so nothing only a
+        draft needs is worth capturing at its prefill."""
+        if budget is not None and budget <= 2:
+            return False
+        mean = self._mean_for(budget)
+        return mean is None or max(mean - 1.0, mean / 4) > 1.0
 
     def committed(self, tokens: list[int], eos_token_ids: frozenset[int]) -> None:
         """This step committed `tokens`; the answer's length counts up to its end token."""

@@ -13,6 +13,7 @@ by step from measured costs instead of from the fits' extrapolation.
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 
@@ -93,7 +94,7 @@ class CostModel:
         levels (`nodes_fed` nodes fed after the first level) in `draft_s`."""
         if tokens == 1:
             self.plain_times = (self.plain_times + [verify_s])[-PLAIN_STEPS:]
-            self.single = float(np.median(self.plain_times))
+            self.single = statistics.median(self.plain_times)  # a few floats: no numpy call
         else:
             self.max_tokens = max(self.max_tokens, tokens)
             self.verify.add([1, tokens], verify_s)

@@ -13,8 +13,7 @@ on the committed tokens.
 from __future__ import annotations
 
 import math
-
-import numpy as np
+import statistics
 
 PREPARE_PROBE = 4  # requests refused a draft preparation before one prepares anyway (then 8, 16, ...)
 RECENT = 8  # preparations whose median cost estimates the next one
@@ -53,9 +52,9 @@ class Preparation:
     def cost(self) -> float | None:
         """Expected seconds to prepare this request's draft (None: never prepared in this run)."""
         if self.prefill_s and self.prepare_ratios:
-            return float(np.median(self.prepare_ratios)) * self.prefill_s
+            return statistics.median(self.prepare_ratios) * self.prefill_s
         if self.prepare_per_token_seen:
-            return float(np.median(self.prepare_per_token_seen)) * self.prompt_tokens
+            return statistics.median(self.prepare_per_token_seen) * self.prompt_tokens
         return None
 
     def pays(self, rate: float | None, left: float, single: float | None) -> bool:
@@ -87,4 +86,4 @@ class Preparation:
 
     def estimates(self) -> dict:
         return {"prepare_over_prefill": (None if not self.prepare_ratios
-                                         else round(float(np.median(self.prepare_ratios)), 4))}
+                                         else round(statistics.median(self.prepare_ratios), 4))}
