@@ -11,6 +11,8 @@
 #      METHODS   our methods (default vanilla,sd_tree)      LIMIT      prompts (default 10, at least 8)
 #      MAX_NEW_TOKENS (default 128)    THREADS (default: all cores)    OUT_DIR (default .cache/bench-realpair)
 #      OPTIONS   decoding options as model_args (default none: each method's defaults)
+#      DRAFT_DTYPE  the draft's precision (default int8 on a CPU, the README's figure; bfloat16 on a GPU);
+#                   transformers' assistant gets the same precision, and a float32 row beside it
 #      NEIGHBOUR=1  run a second process decoding with the target beside the benchmark (scripts/noisy_neighbour.py)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,6 +28,7 @@ if [ ! -f "$PAIR/target/config.json" ] || [ ! -f "$PAIR/draft/config.json" ]; th
   PYTHON="$PY" OUT="$PAIR" bash "$BUILD"
 fi
 
+DRAFT_DTYPE="${DRAFT_DTYPE:-$("$PY" -c "import torch; print('bfloat16' if torch.cuda.is_available() else 'int8')")}"
 mkdir -p "$OUT_DIR"
 if [ "${NEIGHBOUR:-0}" = 1 ]; then  # a second process decoding with the 1.5B target on the same cores
   "$PY" "$ROOT/scripts/noisy_neighbour.py" "$PAIR/target" --threads "${THREADS:-$(nproc)}" > "$OUT_DIR/neighbour.log" 2>&1 &
@@ -40,5 +43,6 @@ fi
 "$ROOT/.venv/bin/lvspec-eval" bench --target "$PAIR/target" --draft "$PAIR/draft" --dtype float32 \
   --methods "${METHODS:-vanilla,sd_tree}" --options "${OPTIONS:-}" --prompts builtin --limit "${LIMIT:-10}" \
   --max-new-tokens "${MAX_NEW_TOKENS:-128}" --threads "${THREADS:-$(nproc)}" --hf-baseline --hf-assisted \
+  --draft-dtype "$DRAFT_DTYPE" --hf-assistant-dtype same,float32 --engine-vanilla \
   --out "$OUT_DIR/summary.json" --records "$OUT_DIR/records.jsonl" | tee "$OUT_DIR/table.md"
 echo "bench-realpair: $OUT_DIR/summary.json, $OUT_DIR/records.jsonl, $OUT_DIR/table.md"

@@ -86,30 +86,47 @@ def test_paired_with_is_checked():
 def test_separate_runs_alternate_processes_and_put_the_paired_one_in_the_middle(tmp_path):
     args = argparse.Namespace(methods="vanilla,sd_tree", separate_runs=4, model="demo", draft="demo-draft",
                               task="synthvid_caption", prompts=None, limit=3, frames=None, max_new_tokens=16,
-                              options="", device="cpu", dtype="float32", threads=2, cpu_kernels="auto")
+                              options="", device="cpu", dtype="float32", threads=2, cpu_kernels="auto",
+                              draft_dtype="bfloat16", draft_vocab=512, draft_vocab_table=None)
     seen = []
-    rates = {"vanilla": iter([10.0, 12.0, 8.0, 11.0]), "sd_tree": iter([13.0, 15.0, 12.0, 14.0])}
+    # per request, seconds per token: the method is 2x faster on the first request and no faster on
+    # the other two, so the median of per-request ratios is 1.0 where the ratio of sums is 1.2; each
+    # process runs at its own speed (the factor)
+    per_token = {"vanilla": [1.0, 1.0, 1.0], "sd_tree": [0.5, 1.0, 1.0]}
+    factors = {"vanilla": iter([1.0, 0.9, 1.1, 1.05]), "sd_tree": iter([1.0, 1.02, 0.97, 1.0])}
 
     def run(cmd: list[str]) -> dict:
         method, solo = cmd[cmd.index("--methods") + 1], "--solo" in cmd
         seen.append(method if solo else "paired")
         assert cmd[cmd.index("--limit") + 1] == "3" and cmd[cmd.index("--threads") + 1] == "2"
+        assert cmd[cmd.index("--draft-dtype") + 1] == "bfloat16" and cmd[cmd.index("--draft-vocab") + 1] == "512"
         if not solo:
-            return {"methods": {"sd_tree": {"e2e_speedup": 1.3, "e2e_speedup_ci": [1.2, 1.4],
-                                            "e2e_speedup_total": 1.31}}}
-        return {"tokens_per_s": next(rates[method])}
+            return {"methods": {"sd_tree": {"e2e_speedup": 1.0, "e2e_speedup_ci": [0.9, 1.1],
+                                            "e2e_speedup_total": 1.2}}}
+        f = next(factors[method])
+        times = [t * f for t in per_token[method]]
+        return {"tokens_per_s": len(times) / sum(times), "e2e_per_token_s": times}
 
     result = timing_checks.separate_runs(args, run=run)
     assert seen == ["vanilla", "sd_tree", "sd_tree", "vanilla", "paired", "vanilla", "sd_tree", "sd_tree", "vanilla"]
-    assert result["separate_speedups"] == pytest.approx([1.3, 15 / 12, 1.5, 14 / 11])
-    assert result["brackets"] and result["vanilla_spread"] == pytest.approx(12 / 8)
-    assert "bracketed by the separate runs" in timing_checks.format_separate({"separate": result})
+    # as results["throughput"] compares runs: about 1.2, bracketing the paired summed ratio
+    assert result["separate_throughput_speedups"] == pytest.approx([1.2, 1.2 * 0.9 / 1.02, 1.2 * 1.1 / 0.97,
+                                                                   1.2 * 1.05])
+    assert result["brackets_total"]
+    # as the paired figure is defined (median of per-request ratios): about 1.0, bracketing 1.0
+    assert result["separate_speedups"] == pytest.approx([1.0, 0.9 / 1.02, 1.1 / 0.97, 1.05])
+    assert result["brackets"] and result["vanilla_spread"] == pytest.approx(1.1 / 0.9)
+    # the two definitions do not bracket each other's figure: comparing them would be a false alarm
+    assert not min(result["separate_throughput_speedups"]) <= 1.0
+    text = timing_checks.format_separate({"separate": result})
+    assert "bracketed by the separate runs" in text and 'results["throughput"]' in text
 
 
 def test_a_solo_process_times_only_its_method(tmp_path):
     args = bench_args(tmp_path, methods="sd_tree", solo=True)
     result = bench.run(args)
     assert set(result["solo"]) == {"sd_tree"} and result["tokens_per_s"] > 0 and result["n"] == 1
+    assert len(result["e2e_per_token_s"]) == 1 and result["e2e_per_token_s"][0] > 0
 
 
 def bench_args(tmp_path: Path, **changes) -> argparse.Namespace:

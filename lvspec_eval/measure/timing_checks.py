@@ -18,8 +18,10 @@ Separate runs (`--separate-runs N`): what a user does who compares two lmms-eval
 `results["throughput"]`: N processes of vanilla and N of the method, alternated (v m m v v m ...),
 each timing its method alone on the same samples, and one process in the middle that times both
 interleaved (the paired figure, as `bench` reports it). Each separate comparison is the ratio of
-the method's tokens/s to vanilla's in the neighbouring process; the result says whether their range
-brackets the paired figure and how far vanilla's own rate moved between processes.
+the method's tokens/s to vanilla's in the neighbouring process (as `results["throughput"]` compares
+runs), and the median over requests of the per-token ratio across the two processes (as the paired
+figure is defined); the result says whether each range brackets the paired figure of the same
+definition, and how far vanilla's own rate moved between processes.
 """
 from __future__ import annotations
 
@@ -121,7 +123,7 @@ def format_aa(result: dict) -> str:
 
 # ---- separate runs --------------------------------------------------------------------------------------
 FORWARDED = ("model", "draft", "task", "prompts", "limit", "frames", "max_new_tokens", "options", "device", "dtype",
-             "threads", "cpu_kernels")
+             "threads", "cpu_kernels", "draft_dtype", "draft_vocab", "draft_vocab_table")
 
 
 def child_command(args: argparse.Namespace, methods: str, out: Path, solo: bool) -> list[str]:
@@ -153,39 +155,57 @@ def separate_runs(args: argparse.Namespace, run=run_child) -> dict:
         raise ValueError(f"--separate-runs {args.separate_runs} with --methods {args.methods!r}: give N >= 1 and one "
                          "method besides vanilla")
     rates: dict[str, list[float]] = {"vanilla": [], "method": []}
+    per_token: dict[str, list[list[float]]] = {"vanilla": [], "method": []}
     with tempfile.TemporaryDirectory() as tmp:
         order = separate_order(args.separate_runs)
         for k, arm in enumerate(order):
             if k == 2 * (args.separate_runs // 2):  # between two pairs of processes, halfway: the paired one
                 paired = run(child_command(args, method, Path(tmp) / "paired.json", solo=False))
             name = "vanilla" if arm == "vanilla" else method
-            rates[arm].append(run(child_command(args, name, Path(tmp) / f"{k}.json", solo=True))["tokens_per_s"])
-    return separate_summary(method, rates, paired["methods"][method])
+            solo = run(child_command(args, name, Path(tmp) / f"{k}.json", solo=True))
+            rates[arm].append(solo["tokens_per_s"])
+            per_token[arm].append(solo["e2e_per_token_s"])
+    return separate_summary(method, rates, paired["methods"][method], per_token)
 
 
-def separate_summary(method: str, rates: dict[str, list[float]], paired_row: dict) -> dict:
-    """Each separate comparison (the method's tokens/s over vanilla's in the same pair of processes)
-    against the paired figure (`bench`'s median per-sample e2e ratio and its summed ratio)."""
-    separate = [m / v for v, m in zip(rates["vanilla"], rates["method"])]
-    figure = paired_row["e2e_speedup"]
+def separate_summary(method: str, rates: dict[str, list[float]], paired_row: dict,
+                     per_token: dict[str, list[list[float]]]) -> dict:
+    """Each separate comparison (the method against vanilla in the neighbouring process) against the
+    paired figure (`bench`'s median per-sample e2e ratio, and its summed ratio).
+
+    Each separate comparison is given twice: as results["throughput"] compares two runs (summed
+    tokens over summed seconds), held against the paired process's summed ratio, and as the paired
+    figure is defined (the median over requests of vanilla's seconds per token over the method's, the
+    requests matched by sample across the two processes), held against the paired median. Like is
+    compared with like: where per-request speedups vary (a text prompt the draft predicts well, one
+    it does not), the median of ratios and the ratio of sums differ by more than the noise."""
+    throughput = [m / v for v, m in zip(rates["vanilla"], rates["method"])]
+    separate = [judge_stats.speedup_interval(v, m).median for v, m in zip(per_token["vanilla"], per_token["method"])]
+    figure, total = paired_row["e2e_speedup"], paired_row["e2e_speedup_total"]
     return {"method": method, "vanilla_tokens_per_s": rates["vanilla"], "method_tokens_per_s": rates["method"],
             "vanilla_spread": max(rates["vanilla"]) / min(rates["vanilla"]),
             "separate_speedups": separate, "paired_speedup": figure,
-            "paired_speedup_ci": paired_row["e2e_speedup_ci"], "paired_speedup_total": paired_row["e2e_speedup_total"],
-            "brackets": min(separate) <= figure <= max(separate)}
+            "paired_speedup_ci": paired_row["e2e_speedup_ci"],
+            "separate_throughput_speedups": throughput, "paired_speedup_total": total,
+            "brackets": min(separate) <= figure <= max(separate),
+            "brackets_total": min(throughput) <= total <= max(throughput)}
 
 
 def format_separate(result: dict) -> str:
     s = result["separate"]
     runs = ", ".join(f"{x:.2f}x" for x in s["separate_speedups"])
-    return (f"{s['method']}: separate runs {runs} (vanilla's own tokens/s moved {s['vanilla_spread']:.2f}x between "
-            f"processes); paired in one process {s['paired_speedup']:.2f}x [{s['paired_speedup_ci'][0]:.2f}, "
-            f"{s['paired_speedup_ci'][1]:.2f}]: {'bracketed' if s['brackets'] else 'NOT bracketed'} by the separate "
-            "runs")
+    sums = ", ".join(f"{x:.2f}x" for x in s["separate_throughput_speedups"])
+    return (f"{s['method']}: separate runs {runs} as the median of per-request ratios (vanilla's own tokens/s moved "
+            f"{s['vanilla_spread']:.2f}x between processes); paired in one process {s['paired_speedup']:.2f}x "
+            f"[{s['paired_speedup_ci'][0]:.2f}, {s['paired_speedup_ci'][1]:.2f}]: "
+            f"{'bracketed' if s['brackets'] else 'NOT bracketed'} by the separate runs. As results[\"throughput\"] "
+            f"compares runs (summed tokens over summed seconds): separate {sums}, paired {s['paired_speedup_total']:.2f}x: "
+            f"{'bracketed' if s['brackets_total'] else 'NOT bracketed'}")
 
 
 def solo_summary(records: list[dict]) -> dict:
     """A --solo process's figure: its method's end-to-end tokens/s (as results["throughput"] gives it)."""
+    per_token = [r["e2e_s"] / max(1, r["num_new_tokens"]) for r in records]  # in sample order
     return {"tokens_per_s": sum(r["num_new_tokens"] for r in records) / sum(r["e2e_s"] for r in records),
-            "median_e2e_per_token_s": statistics.median(r["e2e_s"] / max(1, r["num_new_tokens"]) for r in records),
+            "median_e2e_per_token_s": statistics.median(per_token), "e2e_per_token_s": per_token,
             "n": len(records)}
