@@ -116,6 +116,7 @@ def test_separate_runs_alternate_processes_and_put_the_paired_one_in_the_middle(
     # as the paired figure is defined (median of per-request ratios): about 1.0, bracketing 1.0
     assert result["separate_speedups"] == pytest.approx([1.0, 0.9 / 1.02, 1.1 / 0.97, 1.05])
     assert result["brackets"] and result["vanilla_spread"] == pytest.approx(1.1 / 0.9)
+    assert not result["within_interval"]  # 0.9 / 1.02 and 1.1 / 0.97 fall outside [0.9, 1.1]
     # the two definitions do not bracket each other's figure: comparing them would be a false alarm
     assert not min(result["separate_throughput_speedups"]) <= 1.0
     text = timing_checks.format_separate({"separate": result})

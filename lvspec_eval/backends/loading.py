@@ -151,8 +151,11 @@ def load_backend(name: str, device: str = "cpu", dtype: str = "float32", attn_im
 def load_draft(name: str, draft_dtype: str | None = None, vocab: int | None = None, vocab_table: str | None = None,
                **load) -> Backend:
     """The draft model, in `draft_dtype` (draft_precision.py): float32 / bfloat16 / float16 as asked;
+    int8 (CPU only): float32 with its linear layers in dynamic int8 (draft_int8.py);
     `auto` on a CPU the faster of float32 and bfloat16 as measured on this machine (cached), on an
     accelerator the load dtype (`load["dtype"]`, the target's); None: the load dtype, as the target.
+    A bfloat16 / float16 draft's one-row calls take the kernel measured fastest for one row (its
+    numerics never change an exact method's output).
     vocab: FR-Spec, the LM head cut to the `vocab` most frequent tokens of `vocab_table`
     (backends/draft_vocab.py). Both are settled before the CPU's multi-token kernels are measured and
     installed, so those are measured on the weights the draft runs with. The backend's `precision`
@@ -185,9 +188,15 @@ def load_draft(name: str, draft_dtype: str | None = None, vocab: int | None = No
         return backend
     if backend.precision.dtype != loaded:
         cast_parameters(backend.model, DTYPES[backend.precision.dtype])
-    # The draft's numerics never change an exact method's output, so its one-token steps take the
-    # kernel measured fastest for one row too (the target's stay transformers' own unless asked).
-    backend.kernels = linear_kernels.install(modules, kernels, one_token="always")
+    # The draft's numerics never change an exact method's output, so a reduced-precision draft's
+    # one-token steps take the kernel measured fastest for one row too: transformers' bf16 path reads
+    # its weights at half the bandwidth (the real pair's 0.5B: a 77 ms step, 58 ms with the measured
+    # kernel). An fp32 draft keeps nn.Linear for one row, as the target does: at the bandwidth floor
+    # already on the real pair, and on the demo's small draft the measured kernels made sd_tree slower
+    # (captions 1.12x against 1.19x, two runs each, docs/RESULTS.md).
+    reduced = backend.precision.dtype in ("bfloat16", "float16")
+    one_token = "always" if reduced else load.get("one_token_kernels") == "engine"
+    backend.kernels = linear_kernels.install(modules, kernels, one_token=one_token)
     return backend
 
 

@@ -43,7 +43,7 @@ from judges.oracle import correct_facts, score_caption
 
 from . import prompts as bench_prompts
 from . import timing_checks
-from ..backends import draft_int8, draft_precision, linear_kernels
+from ..backends import contention, draft_int8, draft_precision, linear_kernels
 from ..backends.base import Backend
 from ..backends.loading import load_backend, load_draft
 from ..decoding import loop
@@ -280,10 +280,13 @@ def summarise_hf(recs: list[dict], records: dict[str, list[dict]], ours: list[st
     }
 
 
-def environment(device: torch.device) -> dict:
+def environment(device: torch.device, at_start: dict | None = None) -> dict:
+    """The machine and software a bench ran on; `at_start`: how busy the machine was as the timing
+    started (backends/contention.py)."""
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": str(device),
             "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "python": platform.python_version()}
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "python": platform.python_version(),
+            "at_start": at_start or {}}
 
 
 def _typed(value: str):
@@ -331,8 +334,10 @@ def run(args: argparse.Namespace) -> dict:
     options = _parse_kv(args.options)
     runners = {m: Runner(args.model, method=m, draft=args.draft, options=options, target_backend=target,
                          draft_backend=draft, **load) for m in args.methods.split(",")}
+    # other busy processes as the timing starts (a warning where they oversubscribe the cores)
+    at_start = contention.check(torch.get_num_threads()) if target.device.type == "cpu" else {}
     if args.aa or args.solo:
-        return timing_check_run(args, runners, samples, target, draft, options, load)
+        return timing_check_run(args, runners, samples, target, draft, options, load, at_start)
     if "vanilla" not in runners:
         runners = {"vanilla": Runner(args.model, "vanilla", target_backend=target, **load), **runners}
     if one_token == "engine":
@@ -346,7 +351,7 @@ def run(args: argparse.Namespace) -> dict:
               "draft_precision": None if getattr(draft, "precision", None) is None else draft.precision.summary(),
               "methods": {m: summarise(m, records[m], records["vanilla"], samples) for m in runners},
               "hf": {n: summarise_hf(records[n], records, list(runners)) for n in records if n.startswith("hf_")},
-              "env": environment(target.device)}
+              "env": environment(target.device, at_start)}
     result["vanilla_step_ms"] = result["methods"]["vanilla"]["verify_step_ms"]
     if ENGINE_VANILLA in records:
         result["over_engine_vanilla"] = over_engine_vanilla(records, list(runners))
@@ -371,7 +376,7 @@ def over_engine_vanilla(records: dict[str, list[dict]], names: list[str]) -> dic
 
 
 def timing_check_run(args: argparse.Namespace, runners: dict, samples: list[dict], target: Backend,
-                     draft: Backend | None, options: dict, load: dict) -> dict:
+                     draft: Backend | None, options: dict, load: dict, at_start: dict) -> dict:
     """--solo: time the listed methods alone (a --separate-runs process); --aa: the A/A checks on the
     listed methods (timing_checks.py)."""
     if args.solo:
@@ -384,7 +389,7 @@ def timing_check_run(args: argparse.Namespace, runners: dict, samples: list[dict
                       draft_backend=draft, **load, **kw)
 
     records = run_methods(timing_checks.aa_runners(make_runner, list(runners)), samples, args.max_new_tokens)
-    return {"aa": timing_checks.aa_rows(records), "env": environment(target.device)}
+    return {"aa": timing_checks.aa_rows(records), "env": environment(target.device, at_start)}
 
 
 def hf_runners(args: argparse.Namespace, target: Backend, draft: Backend | None) -> dict[str, HFGenerate]:

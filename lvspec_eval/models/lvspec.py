@@ -27,6 +27,7 @@ from lmms_eval.protocol import ChatMessages
 from loguru import logger
 from tqdm import tqdm
 
+from ..backends import contention
 from ..backends.chat_template import check_video_template, render_text
 from ..decoding.loop import make_clock
 from ..decoding.runner import Generation, Runner, VideoInput
@@ -108,6 +109,10 @@ class _LVSpecModel(lmms):
         if self.resume is None and called_by_response_cache(inspect.currentframe()):
             self._start_resume("(a ResponseCache)")  # a model built outside simple_evaluate is only seen here
         self._throughput = Throughput(self.runner.method)
+        if self.runner.device.type == "cpu":  # where other busy processes oversubscribe the cores, say so
+            busy = contention.check(torch.get_num_threads())  # (lmms-eval silences warnings: logged too)
+            if busy["oversubscribed"]:
+                logger.warning(busy["warning"])
         results = [self._respond(r) for r in tqdm(requests, desc="lvspec", disable=self.rank != 0)]
         self._throughput.log(self.rank)  # lmms-eval's results["throughput"], as its own classes fill it
         return results
