@@ -126,12 +126,17 @@ def test_int8_layers_compute_the_rounded_weights_and_free_the_float_ones():
     model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 32, bias=False))
     x = torch.randn(5, 64)
     want = model(x)
+    w0 = model[0].weight.detach().clone()
     assert draft_int8.quantize([model]) == 2
     first, last = model[0], model[2]
     assert isinstance(first, draft_int8.Int8Linear) and isinstance(last, draft_int8.Int8Linear)
     # the stand-in weight keeps shape and dtype for readers, and holds one element, not 48 x 64
     assert first.weight.shape == (48, 64) and first.weight.dtype == torch.float32
     assert first.weight.untyped_storage().nbytes() == 4
+    # the weights it computes with: each row rounded to 1/127 of its largest magnitude
+    deq = first.dequantized()
+    assert deq.shape == (48, 64)
+    assert ((deq - w0).abs().amax(1) <= w0.abs().amax(1) / 127 / 2 + 1e-6).all()
     got = model(x)
     assert got.shape == want.shape and got.dtype == torch.float32
     assert torch.allclose(got, want, atol=0.05 * want.abs().max().item()), (got - want).abs().max()

@@ -55,9 +55,9 @@ class Int8Linear(torch.nn.Module):
     def __init__(self, layer: torch.nn.Linear):
         super().__init__()
         self.in_features, self.out_features = layer.in_features, layer.out_features
-        self.qweight = quantize_weight(layer.weight)
         bias = None if layer.bias is None else layer.bias.detach().float()
-        self.packed = torch.ops.quantized.linear_prepack(self.qweight, bias)
+        # the packed copy is the only one kept: one byte a weight (and a scale per row)
+        self.packed = torch.ops.quantized.linear_prepack(quantize_weight(layer.weight), bias)
         self.out_dtype = layer.weight.dtype
         self.weight = torch.zeros(1, dtype=layer.weight.dtype).expand(self.out_features, self.in_features)
         self.bias = None if layer.bias is None else layer.bias.detach()
@@ -68,7 +68,7 @@ class Int8Linear(torch.nn.Module):
         return out.to(self.out_dtype).reshape(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
-        return self.qweight.dequantize()
+        return torch.ops.quantized.linear_unpack(self.packed)[0].dequantize()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
