@@ -92,10 +92,3 @@ def quantize(modules) -> int:
                     setattr(parent, name, Int8Linear(child))
                     count += 1
     return count
-
-
-def linear_bytes(modules) -> int:
-    """Bytes of the int8 weights now held by `modules` (what the draft's step reads)."""
-    seen = [m for root in modules for m in root.modules() if isinstance(m, Int8Linear)]
-    seen += [root._int8 for root in modules if hasattr(root, "_int8")]
-    return sum(m.in_features * m.out_features for m in seen)

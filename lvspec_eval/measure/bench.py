@@ -43,7 +43,7 @@ from judges.oracle import correct_facts, score_caption
 
 from . import prompts as bench_prompts
 from . import timing_checks
-from ..backends import contention, draft_int8, draft_precision, linear_kernels
+from ..backends import contention, draft_precision, linear_kernels
 from ..backends.base import Backend
 from ..backends.loading import load_backend, load_draft
 from ..decoding import loop
@@ -406,19 +406,11 @@ def hf_runners(args: argparse.Namespace, target: Backend, draft: Backend | None)
     ours = draft.precision.dtype
     for dtype in dict.fromkeys(ours if d == "same" else d for d in args.hf_assistant_dtype.split(",")):
         reuse = dtype == ours and args.draft_vocab is None  # our draft itself: same weights, same precision
-        assistant = draft if reuse else load_assistant(args.draft, args.device, dtype)
+        # a copy in `dtype` (int8: draft_int8's layers, as our draft runs them), full vocabulary,
+        # transformers' own kernels (load_draft installs none without cpu_kernels)
+        assistant = draft if reuse else load_draft(args.draft, dtype, device=args.device)
         out["hf_assisted" if dtype == ours else f"hf_assisted_{dtype}"] = HFGenerate(target, assistant=assistant)
     return out
-
-
-def load_assistant(name: str, device: str, dtype: str) -> Backend:
-    """A copy of the draft for transformers' assistant, in `dtype` (int8: draft_int8's layers, as
-    our draft runs them), with its full vocabulary and transformers' own kernels otherwise."""
-    if dtype != "int8":
-        return load_backend(name, device=device, dtype=dtype)
-    assistant = load_backend(name, device=device, dtype="float32")
-    draft_int8.quantize([assistant.text_model(), assistant.model.lm_head])
-    return assistant
 
 
 def check_assistant_dtypes(value: str) -> None:
