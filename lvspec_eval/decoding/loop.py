@@ -224,19 +224,23 @@ class StopCheck:
     """Whether an answer is done: the limit, an EOS token, or a stop string in its text.
 
     Called once per step, it looks only at what the step added: the new tokens for EOS, and for the
-    stop strings the text of the new tokens with TAIL_SLACK + the longest stop string's length in
-    tokens before them (a stop string that ends in the new text starts at most that many characters
-    back, and a token is at least one character, so it lies in that window). Decoding the whole answer
-    every step cost O(length) per step; this costs O(new tokens). A hit in the window is confirmed
-    on the whole text, so the answer stops exactly where a whole-text check would stop it.
+    stop strings the text of the new tokens with the longest stop string's length in UTF-8 bytes +
+    TAIL_SLACK tokens before them. A stop string that ends in the new text starts at most its length in
+    bytes back, and every token that decodes to text adds at least one byte of it (a byte-level
+    tokenizer's token may be one byte of a character: a 3-character CJK stop string spans 9 tokens), so
+    it lies in that window whether a step added one token or many. Decoding the whole answer every step
+    cost O(length) per step; this costs O(new tokens). A hit in the window is confirmed on the whole
+    text, so the answer stops exactly where a whole-text check would stop it.
     """
 
-    TAIL_SLACK = 4  # extra tokens in the window, for tokens that decode to nothing on their own (byte pieces)
+    # extra tokens in the window: for tokens that decode to nothing on their own, and for the bytes of a
+    # character the previous step left unfinished (at most 3 of UTF-8's 4), which the new tokens complete
+    TAIL_SLACK = 4
 
     def __init__(self, backend: Backend, max_new_tokens: int, until: tuple[str, ...] = ()):
         self.eos, self.decode, self.limit = backend.eos_token_ids, backend.tokenizer.decode, max_new_tokens
         self.until = tuple(s for s in until if s)
-        self.window = max((len(s) for s in self.until), default=0) + self.TAIL_SLACK
+        self.window = max((len(s.encode()) for s in self.until), default=0) + self.TAIL_SLACK
         self.checked = 0  # tokens of `generated` already looked at
 
     def __call__(self, generated: list[int]) -> bool:
