@@ -39,6 +39,7 @@ from judges.client import (DEFAULT_QUESTION, MODES, CaptionItem, JudgeClient, Ju
 from judges.config import API_TYPES, RESPONSE_FORMATS, JudgeConfig
 from judges.prompts import all_specs
 from judges.server import DEFAULT_JUDGE, JUDGE_MODELS, JudgeServer, missing_reason, resolve_model
+from lvspec_eval.jsonl import read_jsonl
 
 DEFAULT_CACHE = ".cache/judge_cache.sqlite"
 _TASK_RE = re.compile(r"_samples_(.+)\.jsonl$")
@@ -187,19 +188,13 @@ def read_samples(path: Path, limit: int | None = None, with_facts: bool = False)
     reference facts where it has them (task_reference_facts)."""
     task, items = task_name(path), []
     facts = task_reference_facts(task) if with_facts else {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            sample = json.loads(line)
-            doc = sample.get("doc") or {}
-            question = sample.get("input") if isinstance(sample.get("input"), str) else doc.get("question")
-            items.append(CaptionItem(key=f"{task}/{sample['doc_id']}", caption=response_text(sample),
-                                     reference=str(sample.get("target", "")),
-                                     question=question or DEFAULT_QUESTION, qa=sample_qa(sample),
-                                     reference_facts=facts.get(sample["doc_id"], ())))
-            if limit is not None and len(items) >= limit:
-                break
+    for sample in read_jsonl(path)[:limit]:
+        doc = sample.get("doc") or {}
+        question = sample.get("input") if isinstance(sample.get("input"), str) else doc.get("question")
+        items.append(CaptionItem(key=f"{task}/{sample['doc_id']}", caption=response_text(sample),
+                                 reference=str(sample.get("target", "")),
+                                 question=question or DEFAULT_QUESTION, qa=sample_qa(sample),
+                                 reference_facts=facts.get(sample["doc_id"], ())))
     return items
 
 
@@ -229,16 +224,13 @@ def annotate_samples(path: Path, results: list[dict], mode: str, judge_model: st
     """Add each result to its line of the samples file as metric judge_<mode> (lmms-eval's form of a
     judged value: a dict whose "score" is the number, None when missing), replacing the file."""
     by_doc = {_doc_id(r["key"].rsplit("/", 1)[1]): r for r in results}
-    lines = []  # split on "\n" only: an answer may hold U+2028, U+2029 or U+0085, where splitlines() cuts
-    for line in path.read_text(encoding="utf-8").rstrip("\n").split("\n"):
-        if line.strip():
-            sample = json.loads(line)
-            result = by_doc.get(sample["doc_id"])
-            if result is not None:
-                sample[f"judge_{mode}"] = {"score": result["score"], "judge_error": "; ".join(result["errors"]) or None,
-                                           "judge_model": judge_model}
-            line = json.dumps(sample, ensure_ascii=False)
-        lines.append(line)
+    lines = []
+    for sample in read_jsonl(path):  # a torn last line (a killed run's) is left out of the rewritten file
+        result = by_doc.get(sample["doc_id"])
+        if result is not None:
+            sample[f"judge_{mode}"] = {"score": result["score"], "judge_error": "; ".join(result["errors"]) or None,
+                                       "judge_model": judge_model}
+        lines.append(json.dumps(sample, ensure_ascii=False))
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
     tmp.replace(path)

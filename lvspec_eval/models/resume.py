@@ -43,6 +43,7 @@ import transformers
 
 from loguru import logger
 
+from .. import jsonl
 from ..backends.loading import DEMO_NAMES
 from .args import ModelArgs
 from .stats_writer import read_lines
@@ -188,16 +189,11 @@ class Resume:
 
 
 def read_records(path: Path) -> list[tuple[int, dict]]:
-    """(line number, record) of each complete line, read under the writers' lock, split on "\n" only
-    (stats_writer.read_lines)."""
-    out = []
-    for number, line in enumerate(read_lines(path), 1):
-        if line.strip():
-            try:
-                out.append((number, json.loads(line)))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not JSON ({err.msg}); cannot resume from it") from err
-    return out
+    """(line number, record) of each complete line, read under the writers' lock (stats_writer.read_lines)."""
+    try:
+        return jsonl.parse_lines(read_lines(path), path)
+    except ValueError as err:
+        raise ValueError(f"{err}; cannot resume from it") from err
 
 
 def check_settings(record: dict, settings: dict, where: str, any_machine: bool = False) -> None:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from loguru import logger
 
+from .. import jsonl
+
 
 class StatsWriter:
     def __init__(self, path: str | Path):
@@ -55,17 +57,13 @@ class StatsWriter:
 
 def read_lines(path: str | Path) -> list[str]:
     """The complete lines of a stats file, read under a shared lock (the writers' exclusive lock
-    excludes it, so a record another rank is appending is never half read), split on "\n" only:
-    json.dumps(ensure_ascii=False) leaves U+2028, U+2029 and U+0085 raw in an answer, and
-    str.splitlines would cut its record there. A last line without its newline (a killed writer's,
-    not yet cut by StatsWriter) is no record: left out, with a warning."""
+    excludes it, so a record another rank is appending is never half read), by the package's reader
+    (lvspec_eval/jsonl.py: split on "\n" only, each line decoded alone; a last line without its newline,
+    a killed writer's not yet cut by StatsWriter, is no record: left out, with a warning)."""
     with open(path, "rb") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_SH)
         data = f.read()  # closing the file releases the lock
-    lines = data.decode("utf-8").split("\n")
-    if lines[-1]:
-        logger.warning(f"lvspec: {path} ends with an incomplete line ({len(lines[-1])} characters): not read")
-    return lines[:-1]
+    return jsonl.complete_lines(data, path, logger.warning)
 
 
 def cut_torn_tail(fd: int, path: Path) -> None:

@@ -143,7 +143,9 @@ class _WarningCollector(logging.Handler):
         self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+        message = record.getMessage()
+        if message not in self.messages:  # a file two runs share (a stats_path) is read, and warned about, per run
+            self.messages.append(message)
 
 
 def summary_dict(rows: list[dict], plots: list[report_plots.Plot], opts: ReportOptions, warnings: list[str]) -> dict:

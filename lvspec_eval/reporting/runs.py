@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import jsonl
+
 log = logging.getLogger(__name__)  # under the report's package logger: its warnings land in summary.json
 
 LOSSLESS_METHODS = ("vanilla", "sd_tree", "specvlm", "sparrow", "mtp", "sage", "std")
@@ -60,17 +62,9 @@ def is_lossless(method: str, verifier: str | None = None) -> bool:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """One JSON object per line, split on "\n" only: JSON writers that keep non-ASCII text raw
-    (ensure_ascii=False: our stats files, lmms-eval's samples files) leave U+2028, U+2029 and U+0085
-    in answers, where str.splitlines would cut a record in pieces."""
-    out = []
-    for k, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{k}: not JSON ({err.msg}); expected one JSON object per line") from err
-    return out
+    """The package's JSON-lines reader (lvspec_eval/jsonl.py), warning through the report's logger (so a
+    killed run's torn last line is named in summary.json's warnings)."""
+    return jsonl.read_jsonl(path, log.warning)
 
 
 def metric_names(task_results: Mapping) -> tuple[str, ...]:
