@@ -24,6 +24,7 @@ from lvspec_eval.backends.base import FINAL
 from lvspec_eval.backends.loading import load_backend
 from lvspec_eval.decoding import loop, methods
 from lvspec_eval.decoding.drafters import sparrow
+from lvspec_eval.decoding.drafters.hidden_state import HiddenStateDrafter
 from lvspec_eval.training import sparrow as sparrow_train
 from lvspec_eval.decoding.drafters.sparrow import SparrowDrafter, SparrowHead
 from lvspec_eval.decoding.tree import TreeConfig, chain_parents
@@ -37,6 +38,11 @@ def _head_dir(backend, path, seed=0):
     torch.manual_seed(seed)
     SparrowHead.for_target(backend).save(path)
     return str(path)
+
+
+def _kept(drafter) -> None:
+    """HiddenStateDrafter.finish that keeps the request's tensors (the cache, the known hidden states)."""
+    drafter._request = None
 
 
 def _run(backend, method, case, **options):
@@ -57,7 +63,8 @@ def test_random_head_is_lossless(family, make_case, tree, tmp_path):
             assert out.stats.kept_visual_tokens == 0
 
 
-def test_head_cache_holds_text_only(family, make_case, tmp_path):
+def test_head_cache_holds_text_only(family, make_case, tmp_path, monkeypatch):
+    monkeypatch.setattr(HiddenStateDrafter, "finish", _kept)  # read the head's cache as the request left it
     head = _head_dir(family.target, tmp_path / "head")
     case = make_case(3, family.max_side, max_frames=4)
     # a fixed tree drafts at every step (the adaptive policy may skip drafting, and feeding, at the end)
@@ -135,7 +142,8 @@ class HalfCachedExact(ExactVerifier):
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl"], indirect=True)
-def test_reused_hidden_states_are_the_targets(family, make_case, tmp_path):
+def test_reused_hidden_states_are_the_targets(family, make_case, tmp_path, monkeypatch):
+    monkeypatch.setattr(HiddenStateDrafter, "finish", _kept)  # read the known states as the request left them
     backend = family.target
     case = make_case(5, family.max_side)
     ref, _ = _run(backend, "vanilla", case)

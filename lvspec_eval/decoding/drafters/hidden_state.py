@@ -106,10 +106,11 @@ class HiddenStateDrafter:
         return self.eager or growth.may_draft(self.planner, self.tree, budget)
 
     def finish(self) -> None:
-        """The request is over: let go of the target's inputs and state (held until prepared) outside
-        its timed window (ModelDrafter.finish says why); the head's own cache (text rows and the
-        answer's) is small and stays until the next `start`."""
-        self._request = None
+        """The request is over: let go of its tensors outside its timed window (ModelDrafter.finish says
+        why): the target's inputs and state (held until prepared), the head's cache over the prompt's rows
+        and the answer's, and the target's hidden states of the answer. The counts stay (for tests and
+        stats); the next `start` resets them."""
+        self._request, self.cache, self.known, self.last_prompt_h = None, None, [], None
 
     @torch.no_grad()
     def prepare(self, num_generated: int) -> Preparation:

@@ -211,8 +211,10 @@ class MTPDrafter(HiddenStateDrafter):
         return super().start(target, inputs, target_state, clock)
 
     def finish(self) -> None:
+        """Also let go of the prompt's position ids, the target's per-request position state and its prompt
+        embeddings (held until prepared)."""
         super().finish()
-        self._embeds = None  # the target's prompt embeddings, held until prepared
+        self.prompt_positions, self.state_extra, self._embeds = None, {}, None
 
     def _prompt_rows(self, inputs: PreparedInputs, hidden: torch.Tensor):
         """Rows 1 .. L-1 (every token but the first, visual ones included) with the target's input
