@@ -35,6 +35,7 @@ class Shadows:
         self.times: dict[str, list[float]] = {name: [] for name in drafters}
         self.needs_visual_attention = any(d.needs_visual_attention for d in drafters.values())
         self.hidden_layers = tuple(sorted({layer for d in drafters.values() for layer in d.hidden_layers}))
+        self.prefill_layers = tuple(sorted({layer for d in drafters.values() for layer in d.prefill_layers}))
         self.name = "shadows"
 
     def start(self, target, inputs, target_state, clock) -> dict:

@@ -50,7 +50,7 @@ def test_a_uv_pruned_draft_reads_no_attention(qwen_family, make_case, monkeypatc
     options = methods.make_options(spec, {"prune_scorer": "uv", "tree": "chain", "tree_depth": 3,
                                           "draft_prepare": "eager"})
     drafter, verifier = methods.build(spec, options, None, target)
-    assert not drafter.needs_visual_attention and drafter.hidden_layers == uv_layers(target.num_layers)
+    assert not drafter.needs_visual_attention and drafter.prefill_layers == uv_layers(target.num_layers)
     picked = {}
     real = prune_scores.__globals__["uv_scores"]
 
@@ -66,3 +66,39 @@ def test_a_uv_pruned_draft_reads_no_attention(qwen_family, make_case, monkeypatc
     assert picked["scores"].numel() == n and out.stats.kept_visual_tokens == max(1, int(n * 0.1 + 1e-9))
     vanilla_drafter, vanilla_verifier = methods.build(methods.resolve("vanilla"), methods.DecodeOptions(), None, target)
     assert out.tokens == loop.generate(target, vanilla_drafter, vanilla_verifier, case.prompt, case.videos, 8).tokens
+
+
+@pytest.mark.parametrize("prepare", ["eager", "lazy"])
+@pytest.mark.parametrize("method", ["specvlm", "lvspec"])
+def test_uv_layers_are_captured_in_the_prefill_only(qwen_family, make_case, monkeypatch, method, prepare):
+    """UV-Prune reads layers l1 and l2 of the target's prefill only (issue 52, item 7): the steps' scoring
+    forwards capture no hidden layer for it, only what the verifier reads (LVSpec's relevance layer), also
+    where the draft is prepared lazily, after some steps."""
+    target = qwen_family.target
+    spec = methods.resolve(method)
+    options = methods.make_options(spec, {"prune_scorer": "uv", "tree": "chain", "tree_depth": 3,
+                                          "draft_prepare": prepare})
+    drafter, verifier = methods.build(spec, options, qwen_family.draft, target)
+    prefills, steps = [], []
+    real_prefill, real_score = Backend.prefill, Backend.score
+
+    def prefill(self, inputs, *args, hidden_layers=(), **kwargs):
+        if self is target:
+            prefills.append(tuple(hidden_layers))
+        return real_prefill(self, inputs, *args, hidden_layers=hidden_layers, **kwargs)
+
+    def score(self, state, draft, hidden_layers=()):
+        steps.append(tuple(hidden_layers))
+        return real_score(self, state, draft, hidden_layers=hidden_layers)
+
+    monkeypatch.setattr(Backend, "prefill", prefill)
+    monkeypatch.setattr(Backend, "score", score)
+    case = make_case(3, qwen_family.max_side)
+    out = loop.generate(target, drafter, verifier, case.prompt, case.videos, 8)
+    assert out.stats.kept_visual_tokens < out.stats.visual_tokens  # the UV scores pruned the draft's video
+    assert prefills == [tuple(sorted(set(uv_layers(target.num_layers)) | set(verifier.hidden_layers)))]
+    assert steps and all(set(layers) <= set(verifier.hidden_layers) for layers in steps), steps
+    vanilla_drafter, vanilla_verifier = methods.build(methods.resolve("vanilla"), methods.DecodeOptions(), None, target)
+    if method == "specvlm":  # exact: vanilla's answer
+        assert out.tokens == loop.generate(target, vanilla_drafter, vanilla_verifier, case.prompt, case.videos,
+                                           8).tokens

@@ -88,7 +88,9 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     # target's states only in a request it may draft in: inputs.extra["may_draft"]).
     drafts = inputs.extra["may_draft"] = drafter.may_draft(max_new_tokens)
     layers = tuple(sorted(set(verifier.hidden_layers) | set(drafter.hidden_layers))) if drafts else ()
-    state, logits = backend.prefill(inputs, hidden_layers=layers,
+    # a drafter's prefill_layers: what it reads of the prefill alone (UV-Prune's l1, l2), not of every step
+    prefill_layers = tuple(sorted(set(layers) | set(getattr(drafter, "prefill_layers", ())))) if drafts else ()
+    state, logits = backend.prefill(inputs, hidden_layers=prefill_layers,
                                     visual_attention=drafts and drafter.needs_visual_attention)
     stats.preprocess_s, stats.prefill_s = t1 - t0, clock() - t1
     stats.visual_tokens = stats.kept_visual_tokens = inputs.num_visual_tokens

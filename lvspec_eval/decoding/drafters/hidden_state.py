@@ -48,6 +48,7 @@ class HiddenStateDrafter:
 
     name = "hidden_state"
     hidden_layers: tuple[int, ...] = (FINAL,)
+    prefill_layers: tuple[int, ...] = ()  # the prompt's FINAL states come with hidden_layers
     needs_visual_attention = False
     hsr = True  # feed the target's hidden states (Sparrow can switch this off: sparrow_hsr=off)
 

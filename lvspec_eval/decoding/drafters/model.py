@@ -22,7 +22,8 @@ class NoDrafter:
     """Vanilla decoding: propose nothing, so each step commits the target's one token."""
 
     name = "none"
-    hidden_layers: tuple[int, ...] = ()
+    hidden_layers: tuple[int, ...] = ()  # target layers whose hidden states it reads of the prefill and every step
+    prefill_layers: tuple[int, ...] = ()  # target layers whose hidden states it reads of the prefill only
     needs_visual_attention = False
     preparation = None  # nothing to prepare
 
@@ -55,7 +56,7 @@ class ModelDrafter:
     made had it been prepared at the start.
     """
 
-    hidden_layers: tuple[int, ...] = ()
+    hidden_layers: tuple[int, ...] = ()  # no step's hidden states: the draft model has its own
 
     def __init__(self, tree: TreeConfig, backend: Backend | None = None, prune: PruneConfig | None = None,
                  eager: bool = True, target: Backend | None = None):
@@ -65,7 +66,8 @@ class ModelDrafter:
         self.needs_visual_attention = prune is not None and prune.scorer == "attention"
         if prune is not None and prune.scorer != "attention" and target is None:
             raise ValueError(f"prune_scorer={prune.scorer} reads the target's hidden states: pass the target backend")
-        self.hidden_layers = scorer_layers(prune, target.num_layers) if target is not None else ()
+        # UV-Prune's scores read layers l1 and l2 of the target's prefill, never a step's
+        self.prefill_layers = scorer_layers(prune, target.num_layers) if target is not None else ()
         self.name = ("self" if backend is None else "model") + ("+pruned" if prune else "")
         self.state: DecodeState | None = None  # the draft's decode state, once prepared
         self.preparation: Preparation | None = None  # what preparing cost, once prepared

@@ -30,6 +30,7 @@ class SparseViewDrafter:
 
     name = "sparse_view"
     hidden_layers: tuple[int, ...] = ()
+    prefill_layers: tuple[int, ...] = ()
     needs_visual_attention = True  # the prefill keeps the text's query rows (attention.TextQueries)
 
     def __init__(self, tree: TreeConfig, keep: float = 0.1, budget: int | None = None, eager: bool = True):
