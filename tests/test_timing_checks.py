@@ -139,3 +139,34 @@ def bench_args(tmp_path: Path, **changes) -> argparse.Namespace:
     for k, v in changes.items():
         setattr(args, k, v)
     return args
+
+
+@pytest.mark.parametrize("method", ["sd_tree", "sage", "sparrow"])
+def test_drafting_off_runs_the_methods_own_drafter_and_never_drafts(method, monkeypatch):
+    """The `<method>:no-drafts` arm (issue 52, item 8): the method's drafter with its adaptive policy
+    (sd_tree, sparrow) or its draft gate (sage) deciding every step, the head's bookkeeping of the target's
+    hidden states (sparrow) and the policy's estimates, never a draft node and never its draft prepared
+    (no pruning, no draft prefill); the answer is vanilla's."""
+    from lvspec_eval.decoding import loop
+    from lvspec_eval.decoding.policy.adaptive import AdaptivePolicy
+    from lvspec_eval.decoding.policy.gate import DraftGate
+
+    torch.set_num_threads(1)
+    decided = []
+    for cls, name in ((AdaptivePolicy, "plan"), (DraftGate, "decide")):
+        real = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda self, *a, _real=real, **k: decided.append(1) or _real(self, *a, **k))
+    runner = Runner("demo", method, draft="demo-draft", cpu_kernels="torch")
+    silent = timing_checks.NeverDrafts(runner.drafter)
+    vanilla = Runner("demo", "vanilla", target_backend=runner.target, cpu_kernels="torch")
+    for sample in bench.make_samples("synthvid_caption", 2):
+        decided.clear()
+        request = (sample["prompt"], [sample["video"].request()], 24)
+        out = loop.generate(runner.target, silent, runner.verifier, *request)
+        steps = out.stats.steps
+        assert len(decided) >= len(steps) > 0  # the policy or the gate decided every step
+        assert all(step.num_draft_nodes == 0 for step in steps)
+        assert any(step.plan and step.plan.get("drafting_off") for step in steps)  # it wanted to, and did not
+        assert silent.preparation is None and out.stats.draft_prepare_s == 0.0
+        assert out.stats.policy is not None  # the method's estimates, in the record
+        assert out.tokens == loop.generate(runner.target, vanilla.drafter, vanilla.verifier, *request).tokens

@@ -6,9 +6,10 @@ do the same work, so the figure must read 1.00x within its interval:
 - `vanilla~vanilla`: vanilla paired with a second vanilla (paired_with=self);
 - `<method>~<method>`: each method paired with a second, independent instance of itself (its own
   drafter and policy, the same models);
-- `<method>:no-drafts~vanilla`: the method with a drafter that never proposes (its target-side work
-  stays: the prefill's captures, its verifier on empty drafts) paired with vanilla: within 1 % of it,
-  or the method's machinery costs time of its own;
+- `<method>:no-drafts~vanilla`: the method's own drafter forced never to draft (NeverDrafts: its policy
+  or gate decides every step, its bookkeeping and captures run, its draft is never prepared, every step
+  is a plain step) paired with vanilla: within 1 % of it, or the method's per-step machinery costs time
+  of its own;
 - `rotation`: a second vanilla in `bench`'s own rotation (the unpaired, interleaved comparison).
 Each row gives the median of per-request ratios (the arm beside over the arm, per generated token)
 with its interval and verdict (judges.stats.speedup_interval), whether both arms said the same
@@ -35,24 +36,67 @@ from pathlib import Path
 
 from judges import stats as judge_stats
 
-from ..decoding.drafters.model import NoDrafter
+from ..decoding.types import Draft
 
 NEAR_VANILLA = 0.01  # a method that never drafts reads within this share of vanilla
 
 
-class NeverDrafts(NoDrafter):
-    """A method's drafter that never proposes a token and never prepares its draft (vanilla's
-    NoDrafter) but asks the target for what the method's drafter asks (its prefill captures, its
-    hidden layers): what the method costs on the target's side when speculation is off."""
+class NeverDrafts:
+    """The `<method>:no-drafts` arm: the method's own drafter, forced never to draft.
+
+    What it runs is the method's, every step: its policy or draft gate decides whether to draft (and
+    learns from the step), a Sparrow or MTP head records the target's hidden states, the prefill captures
+    and the per-step hidden layers the drafter asks for are captured, and its estimates go to the record.
+    Then no step drafts (its TreePlanner's `never_draft`), and its draft is never prepared (no pruning,
+    no draft vision tower or prefill: an eager method runs lazily here). Each step is verified as a plain
+    step, as vanilla's (decoding/loop.py sends a step without draft nodes to the plain verifier, whatever
+    the method's verifier). So the arm against vanilla measures the method's per-step machinery where it
+    drafts nothing; not its draft's preparation, nor its verifier's work on drafts."""
 
     def __init__(self, drafter):
         self.inner = drafter
         self.name = f"{drafter.name}:no-drafts"
         self.hidden_layers = drafter.hidden_layers
+        self.prefill_layers = getattr(drafter, "prefill_layers", ())
         self.needs_visual_attention = drafter.needs_visual_attention
+        drafter.eager = False  # preparing the draft is drafting's work: never done here
+
+    @property
+    def planner(self):
+        """The drafter's TreePlanner (what the runner's rewinder copies and puts back)."""
+        return self.inner.planner
+
+    @planner.setter
+    def planner(self, planner) -> None:
+        self.inner.planner = planner
+
+    @property
+    def preparation(self):
+        return self.inner.preparation
 
     def may_draft(self, budget: int | None) -> bool:
-        return True  # the prefill captures what the method's drafter asks for where it may draft
+        return self.inner.may_draft(budget)
+
+    def start(self, target, inputs, target_state, clock) -> dict:
+        figures = self.inner.start(target, inputs, target_state, clock)  # its planner exists from here on
+        self.inner.planner.never_draft = True
+        return figures
+
+    def propose(self, generated: list[int]) -> Draft:
+        draft = self.inner.propose(generated)  # the policy or the gate decides, then drafts nothing
+        if draft.num_nodes:
+            raise RuntimeError(f"{self.name}: {self.inner.name} drafted with drafting off: its propose must "
+                               "take the step's shape from its TreePlanner")
+        return draft
+
+    def observe(self, verdict, scores, step=None) -> None:
+        self.inner.observe(verdict, scores, step)
+
+    def estimates(self) -> dict | None:
+        return self.inner.estimates()
+
+    def finish(self) -> None:
+        self.inner.finish()
 
 
 # ---- A/A ----------------------------------------------------------------------------------------------

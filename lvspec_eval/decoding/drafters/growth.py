@@ -173,6 +173,9 @@ class TreePlanner:
         self._fixed = None if config.adaptive or self.sage else config.shape()
         if self._fixed is not None:
             self.grower.prepare(self._fixed)
+        # drafting off (the A/A check's, measure/timing_checks.NeverDrafts): every step is decided as
+        # usual (the policy's plan, the gate's verdict, their bookkeeping), then drafts nothing
+        self.never_draft = False
 
     def start_sample(self, budget: int | None = None, prompt_tokens: int = 0, prepared: bool = True,
                      prefill_s: float | None = None) -> None:
@@ -204,7 +207,16 @@ class TreePlanner:
             self.gate.observe_preparation(seconds)
 
     def next_shape(self, num_generated: int = 0) -> tuple[Shape | None, dict | None]:
-        """The step's shape (None: propose nothing this step) and what the policy chose, if any."""
+        """The step's shape (None: propose nothing this step) and what the policy chose, if any; with
+        `never_draft`, None and the choice marked `drafting_off` (a plain step's plan, depth 0)."""
+        shape, plan = self._decide(num_generated)
+        if shape is None or not self.never_draft:
+            return shape, plan
+        # recorded and observed as a plain step (not the probe or draft it would have been)
+        return None, {**(plan or {}), "depth": 0, "width": 0, "nodes_fed": 0, "reason": "drafting off",
+                      "drafting_off": True}
+
+    def _decide(self, num_generated: int) -> tuple[Shape | None, dict | None]:
         if self.gate is not None:
             drafts, why = self.gate.decide(num_generated)
             if not drafts:
