@@ -48,8 +48,8 @@ def mtp_target(tmp_path_factory):
     return load_backend(str(folder))
 
 
-def held_tensors(drafter) -> dict[str, tuple]:
-    """Attribute path -> shape of every tensor the drafter reaches (through dicts, lists, tuples and
+def held_tensors(drafter, root: str = "drafter") -> dict[str, tuple]:
+    """Attribute path -> shape of every tensor the drafter (or verifier) reaches (through dicts, lists, tuples and
     objects: caches, states, planners); models (their weights) and backends are not walked."""
     found, seen = {}, set()
 
@@ -70,7 +70,7 @@ def held_tensors(drafter) -> dict[str, tuple]:
             for name, item in vars(value).items():
                 walk(item, f"{path}.{name}")
 
-    walk(drafter, "drafter")
+    walk(drafter, root)
     return found
 
 
@@ -99,3 +99,20 @@ def test_nothing_the_size_of_the_prompt_is_held_after_finish(name, self_drafting
     short, long = held
     grown = {path: (short.get(path), shape) for path, shape in long.items() if short.get(path) != shape}
     assert not grown, f"{name}: after finish() it holds what grows with the prompt (short -> long): {grown}"
+
+
+@pytest.mark.parametrize("name", list(methods.VERIFIERS))
+def test_no_verifier_holds_the_prompts_tensors_after_a_request(name, mtp_target, qwen3_family):
+    """The verifiers keep nothing of a request once it is over (LVSpec indexed the video's hidden states
+    and held them, and the index, into the next request)."""
+    spec = methods.resolve("custom", "pruned", name)
+    options = methods.make_options(spec, {**TREE, "lv_layer": 1} if name == "lvspec" else TREE)
+    drafter, verifier = methods.build(spec, options, qwen3_family.draft, mtp_target)
+    held = []
+    for case in (SHORT, LONG):
+        out = loop.generate(mtp_target, drafter, verifier, case.prompt, case.videos, 8)
+        assert out.stats.steps[0].num_draft_nodes > 0  # the verifier judged drafts
+        held.append(held_tensors(verifier, "verifier"))
+    short, long = held
+    grown = {path: (short.get(path), shape) for path, shape in long.items() if short.get(path) != shape}
+    assert not grown, f"{name}: after a request it holds what grows with the prompt (short -> long): {grown}"

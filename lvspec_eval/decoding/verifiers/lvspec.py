@@ -39,6 +39,7 @@ exact verification).
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -177,7 +178,9 @@ class LVSpecVerifier:
         self.pst_window = values["pst_window"] if values["pst"] == "on" else 0
         self.hidden_layers: tuple[int, ...] = (self.layer,) if self.use_relevance else ()
         self.anchor = values["lv_anchor"]
-        self._visual_src: torch.Tensor | None = None  # memo: the indexed visual states of a sample
+        # memo: the index of a sample's visual states, kept while the request holds them (a weak
+        # reference: the index goes with its tensor, never held into the next request)
+        self._visual_src: weakref.ref | None = None
         self._visual_index: loose.VisualIndex | None = None
 
     @classmethod
@@ -238,7 +241,12 @@ class LVSpecVerifier:
 
     def _index(self, visual: torch.Tensor) -> loose.VisualIndex:
         """Index a sample's visual states once (the loop passes the same tensor every step)."""
-        if self._visual_src is not visual:
-            self._visual_src = visual
+        if self._visual_src is None or self._visual_src() is not visual:
+            self._visual_src = weakref.ref(visual, self._forget)
             self._visual_index = loose.VisualIndex.build(visual, self.options["lv_center"] == "visual")
         return self._visual_index
+
+    def _forget(self, ref: weakref.ref) -> None:
+        """The indexed visual states were freed (their request is over): free their index too."""
+        if ref is self._visual_src:
+            self._visual_src, self._visual_index = None, None
