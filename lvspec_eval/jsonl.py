@@ -1,5 +1,5 @@
 """The package's one reader of JSON-lines files: stats files (resume, the report), lmms-eval's samples
-files (the report, the judge).
+files (the report, the judge), train-sparrow's file of target answers.
 
 These files are appended a line at a time by processes that may be killed mid-write, and their writers
 keep non-ASCII text raw (json.dumps(ensure_ascii=False)). So the bytes are split on b"\\n" only

@@ -95,3 +95,23 @@ def test_report_reads_a_killed_runs_stats_with_one_warning(tmp_path, torn, capsy
         named = [w for w in warnings if str(stats) in w]
         assert len(named) == 1 and "incomplete line" in named[0], warnings
     assert "incomplete line" in capsys.readouterr().err
+
+
+def test_sparrow_data_generation_resumes_a_file_a_kill_tore(tmp_path, monkeypatch):
+    """train-sparrow appends the target's answers as they come and reruns from the file: a torn last
+    line is no record (asked again), and is cut so that the next line is not glued to it."""
+    from types import SimpleNamespace
+
+    from lvspec_eval import jsonl
+    from lvspec_eval.training import sparrow as sparrow_train
+
+    tasks = [{"key": f"k{i}"} for i in range(3)]
+    asked = []
+    monkeypatch.setattr(sparrow_train, "task_list", lambda args: tasks)
+    monkeypatch.setattr(sparrow_train, "answer_chunk",
+                        lambda backend, chunk, args: asked.extend(t["key"] for t in chunk) or [{"answer": [1]}] * len(chunk))
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(json.dumps({"key": "k0", "answer": [1]}).encode() + b'\n{"key": "k1", "ans')
+    records = sparrow_train.generate_data(None, SimpleNamespace(gen_batch=2), path)
+    assert [r["key"] for r in records] == ["k0", "k1", "k2"] and asked == ["k1", "k2"]
+    assert [r["key"] for r in jsonl.read_jsonl(path)] == ["k0", "k1", "k2"]

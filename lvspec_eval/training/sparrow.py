@@ -74,11 +74,13 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import DynamicCache
 
+from .. import jsonl
 from ..backends.base import FINAL, Backend
 from ..decoding.drafters.model import NoDrafter
 from ..decoding.drafters.sparrow import DEMO_HEAD, SparrowHead
 from ..decoding.loop import generate
 from ..decoding.verifiers.exact import ExactVerifier
+from ..models.stats_writer import cut_torn_tail
 from .common import log_jsonl, save_atomic
 
 log = logging.getLogger(__name__)
@@ -211,7 +213,9 @@ def generate_data(backend: Backend, args, path: Path) -> list[dict]:
     """
     done = {}
     if path.exists():
-        done = {r["key"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+        with path.open("r+b") as f:  # a killed run's torn last line: no record, and the next would be glued to it
+            cut_torn_tail(f.fileno(), path)
+        done = {r["key"]: r for r in jsonl.read_jsonl(path, log.warning)}
     tasks = task_list(args)
     todo = [t for t in tasks if t["key"] not in done]
     bar = tqdm(total=len(todo), desc="target answers", mininterval=5, disable=not todo)
