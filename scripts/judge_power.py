@@ -31,6 +31,7 @@ from pathlib import Path
 from judges import cli as judge_cli
 from judges.client import CaptionItem, score_captions
 from lvspec_eval.demo import tasks_data, world
+from lvspec_eval.jsonl import read_jsonl
 
 TASK = "synthvid_caption"
 METHOD = "fly"
@@ -79,10 +80,10 @@ def copy_run(src: Path, dst: Path, method: str, captions: dict[int, str], scores
         data["config"]["model_args"] = re.sub(r"stats_path=[^,]*", f"stats_path={stats}", args)
         results.write_text(json.dumps(data))
     if stats.exists():
-        records = [json.loads(line) for line in stats.read_text().splitlines() if line.strip()]
+        records = read_jsonl(stats)
         stats.write_text("".join(json.dumps({**r, "method": method}) + "\n" for r in records))
     for samples in dst.rglob(f"*_samples_{TASK}.jsonl"):
-        lines = [json.loads(line) for line in samples.read_text().splitlines() if line.strip()]
+        lines = read_jsonl(samples)
         for sample in lines:
             sample["filtered_resps"] = captions[sample["doc_id"]]
             sample[f"judge_{mode}"] = scores[sample["doc_id"]]
