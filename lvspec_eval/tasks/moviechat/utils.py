@@ -16,7 +16,7 @@ BENCH = "moviechat"
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset)
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS["lvspec_moviechat_global"])
 
 
 def doc_to_visual(doc):

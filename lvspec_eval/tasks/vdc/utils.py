@@ -31,7 +31,7 @@ def instruction(dimension: str, index: int = 0) -> str:
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset)
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS["vdc_detailed"])
 
 
 def doc_to_visual(doc):

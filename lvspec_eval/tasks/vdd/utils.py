@@ -11,7 +11,7 @@ BENCH = "vdd"
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset)
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS["vdd"])
 
 
 def doc_to_visual(doc):
