@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from lvspec_eval.tasks import TASKS_DIR
-from lvspec_eval.tasks._common import benchmarks, judge, open_layouts
+from lvspec_eval.tasks._common import benchmarks, judge
+from lvspec_eval.tasks._common.layouts import vdc as vdc_layouts
 from lvspec_eval.tasks._common.schema import SOURCE_FILE, SOURCE_ROW, SchemaError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,7 +91,7 @@ def test_each_release_reads_into_the_tasks_fields_with_provenance(bench, layout)
 
 def test_vdc_auroracap_pairs_each_dimension_with_its_own_caption():
     docs = layout_docs("vdc", FIXTURES / "vdc" / "auroracap")
-    assert len(docs) == 3 * len(open_layouts.VDC_DIMENSIONS)
+    assert len(docs) == 3 * len(vdc_layouts.VDC_DIMENSIONS)
     camera = next(d for d in docs if d["dimension"] == "camera")
     captions = json.loads((FIXTURES / "vdc/auroracap/post_eval/VDC_1k_captions.jsonl").read_text().split("\n")[0])
     assert camera["caption"] == captions["captions"]["camera_caption"]

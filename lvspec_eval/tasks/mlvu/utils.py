@@ -12,7 +12,7 @@ BENCH = "mlvu"
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset)
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS["lvspec_mlvu"])
 
 
 def doc_to_visual(doc):

@@ -5,7 +5,7 @@ Answers are judged by this project's judges/ with the Video-ChatGPT QA question 
 as lmms-eval's moviechat tasks report them (gpt_eval_acc / gpt_eval_score).
 
 Each task asks only its own questions: the authors' per-video json and the hub snapshot say which
-question is global and which a breakpoint (doc "mode", tasks/_common/open_layouts.py); rows that do
+question is global and which a breakpoint (doc "mode", tasks/_common/layouts/moviechat.py); rows that do
 not say (one merged file) are asked by both tasks, as lmms-eval's two tasks ask its merged split.
 
 Breakpoint mode: the doc's `time` is a frame index, as in the authors' json (their eval code divides
@@ -15,23 +15,24 @@ info.fps) or else the file's frame rate; this approximates MovieChat's breakpoin
 model has seen the video up to that frame), it does not reproduce it.
 """
 
-from lvspec_eval.tasks._common import benchmarks, judge, metrics, open_layouts
+from lvspec_eval.tasks._common import benchmarks, judge, metrics
+from lvspec_eval.tasks._common.layouts import files, moviechat
 
 BENCH = "moviechat"
-REQUIRED = {"global": ("video_name", "question", "answer"), "breakpoint": ("video_name", "question", "answer", "time")}
 
 
 def docs_of(mode: str):
     """process_docs of one mode's task: that mode's questions only."""
     def select(rows: list[dict]) -> list[dict]:
-        return open_layouts.rows_of(rows, "mode", mode, f"lvspec_moviechat_{mode}")
+        return files.rows_of(rows, "mode", mode, f"lvspec_moviechat_{mode}")
 
     def process_docs(dataset):
-        return benchmarks.process_docs(BENCH, dataset, REQUIRED[mode], select=select)
+        task = f"lvspec_moviechat_{mode}"
+        return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[task], select=select)
     return process_docs
 
 
-process_docs_global, process_docs_breakpoint = (docs_of(m) for m in open_layouts.MOVIECHAT_MODES)
+process_docs_global, process_docs_breakpoint = (docs_of(m) for m in moviechat.MOVIECHAT_MODES)
 
 
 def doc_to_visual(doc):

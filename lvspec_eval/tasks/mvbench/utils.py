@@ -17,7 +17,7 @@ BENCH = "mvbench"
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset)
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS["lvspec_mvbench"])
 
 
 def doc_to_visual(doc):

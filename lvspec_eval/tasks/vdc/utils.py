@@ -1,6 +1,6 @@
 """VDC (video detailed captions), five dimensions, judged by this project's judges/ (VDCscore).
 
-Which questions judge a dimension (tasks/_common/open_layouts.py reads the layouts):
+Which questions judge a dimension (tasks/_common/layouts/vdc.py reads the layouts):
 - "vdcscore-per-dimension": AuroraCap's per-dimension QA files (or the hub snapshot's per-dimension
   parquet folders): task vdc_<dimension> asks only its dimension's rows, each judged against that
   dimension's own questions and reference caption, as the official VDCscore (AuroraCap's post_eval) does.
@@ -20,11 +20,11 @@ The reference questions are logged with each sample (qa_list) so `lvspec-eval ju
 can score a run again later.
 """
 
-from lvspec_eval.tasks._common import benchmarks, judge, metrics, open_layouts
+from lvspec_eval.tasks._common import benchmarks, judge, metrics
+from lvspec_eval.tasks._common.layouts import files, vdc
 from lvspec_eval.tasks._common.builtin import builtin_constant
 
 BENCH = "vdc"
-REQUIRED = ("video_name", "caption", "qa_list")  # what the prompt, the judge and the log need
 # dimension -> lmms-eval's list of instructions for it (we always ask entry `prompt_index`)
 PROMPT_LISTS = {
     "detailed": "DETAILED_CAPTION_PROMPTS",
@@ -44,15 +44,15 @@ def instruction(dimension: str, index: int = 0) -> str:
 def docs_of(dimension: str):
     """process_docs of task vdc_<dimension>: its dimension's rows (all rows when they do not say)."""
     def select(rows: list[dict]) -> list[dict]:
-        return open_layouts.rows_of(rows, "dimension", dimension, f"vdc_{dimension}")
+        return files.rows_of(rows, "dimension", dimension, f"vdc_{dimension}")
 
     def process_docs(dataset):
-        return benchmarks.process_docs(BENCH, dataset, REQUIRED, select=select)
+        return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[f"vdc_{dimension}"], select=select)
     return process_docs
 
 
 process_docs_detailed, process_docs_camera, process_docs_short, process_docs_background, process_docs_main_object = (
-    docs_of(d) for d in open_layouts.VDC_DIMENSIONS)
+    docs_of(d) for d in vdc.VDC_DIMENSIONS)
 
 
 def doc_to_visual(doc):
@@ -69,7 +69,7 @@ def qa_pairs(doc) -> tuple:
 
 
 def process_results(doc, results):
-    caption, protocol = results[0], open_layouts.vdc_protocol(doc)
+    caption, protocol = results[0], vdc.vdc_protocol(doc)
     parts = [doc["dimension"]] if doc.get("dimension") else []  # one dimension's QA is not another's
     key = "/".join(["vdc", *parts, str(doc["video_name"])])
     result = judge.score_caption("vdc", key, caption, doc["caption"], "", qa_pairs(doc))

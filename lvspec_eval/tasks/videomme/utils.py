@@ -13,7 +13,7 @@ BENCH = "videomme"
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset)
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS["lvspec_videomme"])
 
 
 def doc_to_visual(doc):
