@@ -319,3 +319,26 @@ def test_each_layout_runs_end_to_end_through_lmms_eval(tmp_path, release):
         assert any("At 0:50 of the video" in json.dumps(s["arguments"]) for s in breakpoints)
     assert {s["doc"]["mode"] for s in logged(out, "lvspec_moviechat_global")} == {"global"}
     assert all(s["vdc_score"]["judge_error"] for s in camera)  # no judge here: missing, never 0
+
+
+# ---- lvspec-eval dry-run checks each task's own rows -----------------------------------------------------
+
+def dry_run(capsys, tasks: str) -> tuple[int, str]:
+    import argparse
+
+    from lvspec_eval.measure import dry_run as dr
+
+    code = dr.run(argparse.Namespace(model_args="pretrained=demo,method=vanilla", tasks=tasks,
+                                     include_path=str(TASKS_DIR), videos=3))
+    return code, capsys.readouterr().out
+
+
+def test_dry_run_checks_each_moviechat_task_on_its_own_questions(tmp_path, monkeypatch, capsys):
+    root = make_root(tmp_path, "moviechat", "authors", monkeypatch)
+    tasks = "lvspec_moviechat_global,lvspec_moviechat_breakpoint"
+    code, out = dry_run(capsys, tasks)  # global questions have no time, and need none
+    assert f"OK    schema moviechat ({tasks})" in out, out
+    drop_moviechat_time(root)
+    code, out = dry_run(capsys, tasks)
+    assert code == 1 and f"FAIL  schema moviechat ({tasks}): 1 of 12 rows" in out
+    assert "2.json row breakpoint[1]: missing time" in out

@@ -343,7 +343,11 @@ def schema_check(registry, bench, tasks: str, rows: list[dict], shown: int = 5) 
     schema = importlib.import_module("_common.schema")
     what = f"schema {bench.name} ({tasks})"
     required = tuple(dict.fromkeys(f for t in tasks.split(",") for f in registry.TASK_FIELDS[t]))
-    problems = schema.row_problems(rows, required)
+    try:  # each task's own rows (VDC's dimensions, MovieChat's modes: registry.task_rows)
+        problems = list(dict.fromkeys(p for t in tasks.split(",")
+                                      for p in schema.row_problems(registry.task_rows(t, rows), registry.TASK_FIELDS[t])))
+    except ValueError as err:
+        return Check("FAIL", what, str(err))
     if not problems:
         return Check("OK", what, f"all {len(rows)} rows have {', '.join(required)}")
     first = "; ".join(problems[:shown])

@@ -23,7 +23,7 @@ from pathlib import Path
 from loguru import logger
 
 from .builtin import DEFAULT_HF_HOME, builtin_utils
-from .layouts import longvideobench, mlvu, moviechat, mvbench, vdc, vdd, videomme
+from .layouts import files, longvideobench, mlvu, moviechat, mvbench, vdc, vdd, videomme
 from .schema import Layout, accepted, check_rows, reader, tag
 
 # other names a video may have on disk: what the built-in tasks also try (.MP4, .mkv), and
@@ -129,6 +129,14 @@ TASK_FIELDS = {
     "lvspec_longvideobench": ("video_path", "question", "candidates", "correct_choice", "id", "duration_group",
                               "question_category"),
 }
+# Tasks that read part of their benchmark's rows: task -> (doc field, value). The layouts set the field
+# (VDC's dimension, MovieChat's mode); rows without it (the hub rows merged, as lmms-eval loads them)
+# belong to every task of the benchmark, as lmms-eval asks them.
+TASK_PART = {
+    **{f"vdc_{d}": ("dimension", d) for d in vdc.VDC_DIMENSIONS},
+    "vdc_detailed_facts": ("dimension", "detailed"),
+    **{f"lvspec_moviechat_{m}": ("mode", m) for m in moviechat.MOVIECHAT_MODES},
+}
 GROUPS = {"vdc": tuple(t for t in TASKS if t.startswith("vdc_") and not t.endswith("_facts"))}
 
 
@@ -225,12 +233,18 @@ def load_rows(bench: Benchmark) -> list[dict]:
     return hub_rows(bench)
 
 
-def process_docs(bench_name: str, dataset, required: tuple[str, ...],
-                 select: Callable[[list[dict]], list[dict]] | None = None):
+def task_rows(task: str, rows: list[dict]) -> list[dict]:
+    """The rows task `task` asks (TASK_PART); all of them for a task that reads its benchmark whole."""
+    if task not in TASK_PART:
+        return rows
+    key, value = TASK_PART[task]
+    return files.rows_of(rows, key, value, task)
+
+
+def process_docs(bench_name: str, dataset, required: tuple[str, ...], task: str | None = None):
     """lmms-eval process_docs: replace the YAML's placeholder split by this benchmark's rows,
-    checked against the fields the task needs (`required`) before any model runs. `select` keeps
-    the rows of one task where a benchmark's files serve several (VDC's dimensions, MovieChat's
-    global and breakpoint questions); it runs before the check.
+    checked against the fields the task needs (`required`) before any model runs. `task` keeps
+    that task's rows where a benchmark's files serve several (task_rows), before the check.
 
     The task YAMLs load a one-line placeholder file (a YAML cannot read an environment
     variable); the real rows are read here, where the environment is known. lmms-eval calls
@@ -241,7 +255,7 @@ def process_docs(bench_name: str, dataset, required: tuple[str, ...],
 
     bench = get(bench_name)
     rows = load_rows(bench)
-    rows = select(rows) if select and rows else rows
+    rows = task_rows(task, rows) if task and rows else rows
     if not rows:
         raise ValueError(f"{bench_name}: the annotations hold no rows")
     check_rows(bench_name, rows, required, layouts_of(bench))

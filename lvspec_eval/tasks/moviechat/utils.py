@@ -16,23 +16,19 @@ model has seen the video up to that frame), it does not reproduce it.
 """
 
 from lvspec_eval.tasks._common import benchmarks, judge, metrics
-from lvspec_eval.tasks._common.layouts import files, moviechat
+from lvspec_eval.tasks._common.layouts import moviechat
 
 BENCH = "moviechat"
 
 
-def docs_of(mode: str):
-    """process_docs of one mode's task: that mode's questions only."""
-    def select(rows: list[dict]) -> list[dict]:
-        return files.rows_of(rows, "mode", mode, f"lvspec_moviechat_{mode}")
-
+def docs_of(task: str):
+    """process_docs of `task`: its mode's questions only (benchmarks.TASK_PART)."""
     def process_docs(dataset):
-        task = f"lvspec_moviechat_{mode}"
-        return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[task], select=select)
+        return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[task], task=task)
     return process_docs
 
 
-process_docs_global, process_docs_breakpoint = (docs_of(m) for m in moviechat.MOVIECHAT_MODES)
+process_docs_global, process_docs_breakpoint = (docs_of(f"lvspec_moviechat_{m}") for m in moviechat.MOVIECHAT_MODES)
 
 
 def doc_to_visual(doc):

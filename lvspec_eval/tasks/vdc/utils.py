@@ -21,7 +21,7 @@ can score a run again later.
 """
 
 from lvspec_eval.tasks._common import benchmarks, judge, metrics
-from lvspec_eval.tasks._common.layouts import files, vdc
+from lvspec_eval.tasks._common.layouts import vdc
 from lvspec_eval.tasks._common.builtin import builtin_constant
 
 BENCH = "vdc"
@@ -41,18 +41,15 @@ def instruction(dimension: str, index: int = 0) -> str:
     return builtin_constant("vdc", PROMPT_LISTS[dimension])[index]
 
 
-def docs_of(dimension: str):
-    """process_docs of task vdc_<dimension>: its dimension's rows (all rows when they do not say)."""
-    def select(rows: list[dict]) -> list[dict]:
-        return files.rows_of(rows, "dimension", dimension, f"vdc_{dimension}")
-
+def docs_of(task: str):
+    """process_docs of `task`: its dimension's rows (benchmarks.TASK_PART; all rows when they do not say)."""
     def process_docs(dataset):
-        return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[f"vdc_{dimension}"], select=select)
+        return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[task], task=task)
     return process_docs
 
 
 process_docs_detailed, process_docs_camera, process_docs_short, process_docs_background, process_docs_main_object = (
-    docs_of(d) for d in vdc.VDC_DIMENSIONS)
+    docs_of(f"vdc_{d}") for d in vdc.VDC_DIMENSIONS)
 
 
 def doc_to_visual(doc):
