@@ -158,6 +158,33 @@ def test_a_row_without_options_answer_or_video_stops_at_start(tmp_path, monkeypa
     assert f"FAIL  schema {bench} ({TASK_OF[bench]}): 1 of " in out and f"row {row}: missing {missing}" in out
 
 
+# benchmark -> (layout, file, field, a value that is none of the options, the problem named)
+UNSCORABLE = {
+    "mvbench": ("authors", "json/object_existence.json", "answer", "seven", "answer 'seven' is not one of its candidates"),
+    "longvideobench": ("authors", "lvb_val.json", "correct_choice", 4, "correct_choice 4 is not an index of its 4"),
+    "videomme": ("hub", "videomme/test-00000-of-00001.parquet", "answer", "E", "answer 'E' is not the letter of one"),
+}
+
+
+@pytest.mark.parametrize("bench", list(UNSCORABLE))
+def test_an_answer_that_is_none_of_the_options_stops_at_start(tmp_path, monkeypatch, capsys, bench):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    layout, file_name, field, value, problem = UNSCORABLE[bench]
+    path = release(tmp_path, monkeypatch, bench, layout) / file_name
+    rows = pq.read_table(path).to_pylist() if path.suffix == ".parquet" else json.loads(path.read_text())
+    rows[-1][field] = value
+    if path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text(json.dumps(rows))
+    with pytest.raises(SchemaError, match=f"row {len(rows) - 1}: {problem}"):
+        utils_of(TASK_OF[bench]).process_docs(datasets.Dataset.from_list([{"placeholder": 0}]))
+    assert problem in dry_run_data(capsys, TASK_OF[bench])
+
+
 def dry_run_data(capsys, task: str) -> str:
     from lvspec_eval.measure import dry_run as dr
 

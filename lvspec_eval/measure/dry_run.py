@@ -343,11 +343,12 @@ def schema_check(registry, bench, tasks: str, rows: list[dict], shown: int = 5) 
     schema = importlib.import_module("_common.schema")
     what = f"schema {bench.name} ({tasks})"
     required = tuple(dict.fromkeys(f for t in tasks.split(",") for f in registry.TASK_FIELDS[t]))
-    problems = schema.row_problems(rows, required)
+    rules = [r for t in tasks.split(",") for r in registry.TASK_RULES.get(t, ())]
+    problems = schema.row_problems(rows, required, rules=rules)
     if not problems:
         return Check("OK", what, f"all {len(rows)} rows have {', '.join(required)}")
     first = "; ".join(problems[:shown])
-    return Check("FAIL", what, f"{len(problems)} of {len(rows)} rows lack fields the task needs: {first}"
+    return Check("FAIL", what, f"{len(problems)} of {len(rows)} rows do not fit the task: {first}"
                                f"{' ...' if len(problems) > shown else ''} ({schema.accepted(registry.layouts_of(bench))})")
 
 

@@ -24,7 +24,7 @@ from loguru import logger
 
 from .builtin import DEFAULT_HF_HOME, builtin_utils
 from .layouts import longvideobench, mlvu, mvbench, videomme
-from .schema import Layout, accepted, check_rows, reader, tag
+from .schema import Layout, Rule, accepted, answer_among, check_rows, index_within, letter_within, reader, tag
 
 # other names a video may have on disk: what the built-in tasks also try (.MP4, .mkv), and
 # MVBench's releases, whose records name some videos .webm that are stored as .mp4 and back
@@ -113,6 +113,13 @@ TASK_FIELDS = {
     "lvspec_mlvu": ("video_name", "question", "candidates", "answer", "task_type"),
     "lvspec_longvideobench": ("video_path", "question", "candidates", "correct_choice", "id", "duration_group",
                               "question_category"),
+}
+# What else a task's rows must satisfy: the answer names one of the options (else no reply scores).
+TASK_RULES = {
+    "lvspec_videomme": (letter_within("answer", "options"),),
+    "lvspec_mvbench": (answer_among("candidates", "answer"),),
+    "lvspec_mlvu": (letter_within("answer", "candidates"),),
+    "lvspec_longvideobench": (index_within("correct_choice", "candidates"),),
 }
 GROUPS = {"vdc": tuple(t for t in TASKS if t.startswith("vdc_") and not t.endswith("_facts"))}
 
@@ -222,9 +229,9 @@ def load_rows(bench: Benchmark) -> list[dict]:
     return hub_rows(bench)
 
 
-def process_docs(bench_name: str, dataset, required: tuple[str, ...]):
+def process_docs(bench_name: str, dataset, required: tuple[str, ...], rules: tuple[Rule, ...] = ()):
     """lmms-eval process_docs: replace the YAML's placeholder split by this benchmark's rows,
-    checked against the fields the task needs (`required`) before any model runs.
+    checked against the fields the task needs (`required`) and its `rules` before any model runs.
 
     The task YAMLs load a one-line placeholder file (a YAML cannot read an environment
     variable); the real rows are read here, where the environment is known. lmms-eval calls
@@ -237,5 +244,5 @@ def process_docs(bench_name: str, dataset, required: tuple[str, ...]):
     rows = load_rows(bench)
     if not rows:
         raise ValueError(f"{bench_name}: the annotations hold no rows")
-    check_rows(bench_name, rows, required, layouts_of(bench))
+    check_rows(bench_name, rows, required, layouts_of(bench), rules)
     return datasets.Dataset.from_list(rows)

@@ -12,6 +12,7 @@ from lvspec_eval.tasks._common import benchmarks, metrics
 from lvspec_eval.tasks._common.schema import SchemaError
 
 BENCH = "longvideobench"
+TASK = "lvspec_longvideobench"
 
 
 def options(doc) -> list[str]:
@@ -28,7 +29,7 @@ def letters(doc) -> list[str]:
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS["lvspec_longvideobench"])
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[TASK], benchmarks.TASK_RULES[TASK])
 
 
 def doc_to_visual(doc):
