@@ -5,7 +5,6 @@ dataset lmms-eval reads (each README cites the release); videos are rendered at 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -19,12 +18,12 @@ import yaml
 from lvspec_eval.tasks import TASKS_DIR
 from lvspec_eval.tasks._common import benchmarks, prompts
 from lvspec_eval.tasks._common.builtin import builtin_utils
-from lvspec_eval.tasks._common.schema import SOURCE_FILE, SOURCE_ROW, SchemaError
+from lvspec_eval.tasks._common.schema import SOURCE_FILE, SchemaError
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "benchmarks"
 sys.path.insert(0, str(FIXTURES))
-from make_fixtures import write_video  # noqa: E402  (the existing fixtures' tiny demo-scene clips)
+from make_fixtures import write_video
 
 # (benchmark, layout) -> (task, the annotation file read, the options field of a row)
 CASES = {
@@ -160,7 +159,8 @@ def test_a_row_without_options_answer_or_video_stops_at_start(tmp_path, monkeypa
 
 # benchmark -> (layout, file, field, a value that is none of the options, the problem named)
 UNSCORABLE = {
-    "mvbench": ("authors", "json/object_existence.json", "answer", "seven", "answer 'seven' is not one of its candidates"),
+    "mvbench": ("authors", "json/object_existence.json", "answer", "seven",
+                "answer 'seven' is not one of its candidates"),
     "longvideobench": ("authors", "lvb_val.json", "correct_choice", 4, "correct_choice 4 is not an index of its 4"),
     "videomme": ("hub", "videomme/test-00000-of-00001.parquet", "answer", "E", "answer 'E' is not the letter of one"),
 }
@@ -281,7 +281,8 @@ def test_prompt_variant_model_arg():
 # ---- end to end through lmms-eval with the demo model ------------------------------------------------------
 
 # two runs cover every (benchmark, layout): a benchmark's root is one environment variable per run
-E2E_RUNS = {"authors": [("longvideobench", "authors"), ("mlvu", "authors"), ("mvbench", "authors"), ("videomme", "hub")],
+E2E_RUNS = {"authors": [("longvideobench", "authors"), ("mlvu", "authors"), ("mvbench", "authors"),
+                        ("videomme", "hub")],
             "hub": [("longvideobench", "hub"), ("mlvu", "hub")]}
 
 
@@ -308,3 +309,12 @@ def test_release_layouts_run_end_to_end(tmp_path, monkeypatch, run_name):
         for sample in logged:
             options = options_of(rows[sample["doc_id"]])
             assert options and all(o in sample["input"] for o in options), (task, sample["input"])
+
+
+def test_docs_data_shows_every_layout_the_code_accepts():
+    text = (ROOT / "docs" / "DATA.md").read_text()
+    for name in ("videomme", "mvbench", "mlvu", "longvideobench"):
+        for layout in benchmarks.layouts_of(benchmarks.get(name)):
+            assert f"- {layout.name}: {layout.source}\n" in text, (name, layout.name)
+    assert "(DATA.md)" in (ROOT / "docs" / "GPU.md").read_text()
+    assert "(docs/DATA.md)" in (ROOT / "README.md").read_text()

@@ -20,7 +20,8 @@ Checks, in order, and prints one line each (OK / WARN / FAIL):
 4. data, per task of this project's (tasks/_common/benchmarks.py): the data root exists (its
    LVSPEC_<NAME>_ROOT, else lmms-eval's $HF_HOME layout), the annotations load in one of the
    benchmark's layouts, every row has the fields its tasks need (the schema check a run does at
-   its start; the first problems are printed), and the first --videos video files exist. Judged tasks warn when no judge is configured.
+   its start; the first problems are printed), and the first --videos video files exist. Judged
+   tasks warn when no judge is configured.
 Exit code 1 if anything failed, else 0.
 """
 from __future__ import annotations
@@ -347,9 +348,9 @@ def schema_check(registry, bench, tasks: str, rows: list[dict], shown: int = 5) 
     problems = schema.row_problems(rows, required, rules=rules)
     if not problems:
         return Check("OK", what, f"all {len(rows)} rows have {', '.join(required)}")
-    first = "; ".join(problems[:shown])
-    return Check("FAIL", what, f"{len(problems)} of {len(rows)} rows do not fit the task: {first}"
-                               f"{' ...' if len(problems) > shown else ''} ({schema.accepted(registry.layouts_of(bench))})")
+    first = "; ".join(problems[:shown]) + (" ..." if len(problems) > shown else "")
+    layouts = schema.accepted(registry.layouts_of(bench))
+    return Check("FAIL", what, f"{len(problems)} of {len(rows)} rows do not fit the task: {first} ({layouts})")
 
 
 def judge_check(bench, what: str) -> list[Check]:
