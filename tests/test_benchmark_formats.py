@@ -318,3 +318,36 @@ def test_docs_data_shows_every_layout_the_code_accepts():
             assert f"- {layout.name}: {layout.source}\n" in text, (name, layout.name)
     assert "(DATA.md)" in (ROOT / "docs" / "GPU.md").read_text()
     assert "(docs/DATA.md)" in (ROOT / "README.md").read_text()
+
+
+def test_mlvu_hub_options_are_read_from_the_question():
+    from lvspec_eval.tasks._common.layouts.mlvu import listed_options
+
+    assert listed_options("What colour?\n(A) black\n(B) gray (dark)\n(C) brown") == ["black", "gray (dark)", "brown"]
+    assert listed_options("What colour? (A) black (B) gray") == ["black", "gray"]
+    assert listed_options("What colour is the background?") == []  # no options: the check stops the run
+    assert listed_options("Which? (B) gray (C) brown") == []  # not from A: not an option list
+
+
+def test_hub_fallback_reads_lmms_evals_dataset_at_its_revision(monkeypatch, tmp_path):
+    """Without LVSPEC_<NAME>_ROOT: the hub dataset, at the revision lmms-eval pins, converted and tagged."""
+    import datasets
+
+    calls = []
+
+    def fake_load(hub_id, config, split, revision=None):
+        calls.append((hub_id, config, split, revision))
+        return [{"video": "v.mp4", "question": "Q?", "candidates": ["a", "b"], "answer": "b"}] if config else [
+            {"video_path": "v.mp4", "question": "Q?", "option0": "a", "option1": "b", "option2": "N/A",
+             "correct_choice": 1, "id": "x", "duration_group": 15, "question_category": "S2O"}]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    for name in ("mvbench", "longvideobench"):
+        monkeypatch.delenv(benchmarks.get(name).env_var, raising=False)
+    mvbench = benchmarks.load_rows(benchmarks.get("mvbench"))
+    assert {c[3] for c in calls} == {"video"} and len(mvbench) == len(benchmarks.MVBENCH_CONFIGS)
+    assert mvbench[0]["sub_task"] == "action_sequence" and "OpenGVLab/MVBench@video" in mvbench[0][SOURCE_FILE]
+    lvb = benchmarks.load_rows(benchmarks.get("longvideobench"))
+    assert calls[-1] == ("longvideobench/LongVideoBench", None, "validation", None)
+    assert lvb[0]["candidates"] == ["a", "b"]
