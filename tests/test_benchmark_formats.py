@@ -5,7 +5,6 @@ dataset lmms-eval reads (each README cites the release); videos are rendered at 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -19,12 +18,12 @@ import yaml
 from lvspec_eval.tasks import TASKS_DIR
 from lvspec_eval.tasks._common import benchmarks, prompts
 from lvspec_eval.tasks._common.builtin import builtin_utils
-from lvspec_eval.tasks._common.schema import SOURCE_FILE, SOURCE_ROW, SchemaError
+from lvspec_eval.tasks._common.schema import SOURCE_FILE, SchemaError
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "benchmarks"
 sys.path.insert(0, str(FIXTURES))
-from make_fixtures import write_video  # noqa: E402  (the existing fixtures' tiny demo-scene clips)
+from make_fixtures import write_video
 
 # (benchmark, layout) -> (task, the annotation file read, the options field of a row)
 CASES = {
@@ -55,7 +54,7 @@ def default_kwargs(task: str) -> dict:
 
 def release(tmp_path: Path, monkeypatch, bench: str, layout: str) -> Path:
     """A copy of the fixture as LVSPEC_<BENCH>_ROOT, with a tiny video wherever its docs point."""
-    root = tmp_path / bench
+    root = tmp_path / bench / layout
     shutil.copytree(FIXTURES / bench / layout, root)
     monkeypatch.setenv(benchmarks.get(bench).env_var, str(root))
     monkeypatch.delenv(prompts.PROMPT_VARIANT_VAR, raising=False)
@@ -158,6 +157,34 @@ def test_a_row_without_options_answer_or_video_stops_at_start(tmp_path, monkeypa
     assert f"FAIL  schema {bench} ({TASK_OF[bench]}): 1 of " in out and f"row {row}: missing {missing}" in out
 
 
+# benchmark -> (layout, file, field, a value that is none of the options, the problem named)
+UNSCORABLE = {
+    "mvbench": ("authors", "json/object_existence.json", "answer", "seven",
+                "answer 'seven' is not one of its candidates"),
+    "longvideobench": ("authors", "lvb_val.json", "correct_choice", 4, "correct_choice 4 is not an index of its 4"),
+    "videomme": ("hub", "videomme/test-00000-of-00001.parquet", "answer", "E", "answer 'E' is not the letter of one"),
+}
+
+
+@pytest.mark.parametrize("bench", list(UNSCORABLE))
+def test_an_answer_that_is_none_of_the_options_stops_at_start(tmp_path, monkeypatch, capsys, bench):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    layout, file_name, field, value, problem = UNSCORABLE[bench]
+    path = release(tmp_path, monkeypatch, bench, layout) / file_name
+    rows = pq.read_table(path).to_pylist() if path.suffix == ".parquet" else json.loads(path.read_text())
+    rows[-1][field] = value
+    if path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text(json.dumps(rows))
+    with pytest.raises(SchemaError, match=f"row {len(rows) - 1}: {problem}"):
+        utils_of(TASK_OF[bench]).process_docs(datasets.Dataset.from_list([{"placeholder": 0}]))
+    assert problem in dry_run_data(capsys, TASK_OF[bench])
+
+
 def dry_run_data(capsys, task: str) -> str:
     from lvspec_eval.measure import dry_run as dr
 
@@ -253,22 +280,74 @@ def test_prompt_variant_model_arg():
 
 # ---- end to end through lmms-eval with the demo model ------------------------------------------------------
 
+# two runs cover every (benchmark, layout): a benchmark's root is one environment variable per run
+E2E_RUNS = {"authors": [("longvideobench", "authors"), ("mlvu", "authors"), ("mvbench", "authors"),
+                        ("videomme", "hub")],
+            "hub": [("longvideobench", "hub"), ("mlvu", "hub")]}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("bench,layout", list(CASES))
-def test_release_layouts_run_end_to_end(tmp_path, monkeypatch, bench, layout):
-    task = CASES[(bench, layout)][0]
-    root = release(tmp_path / "data", monkeypatch, bench, layout)
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           benchmarks.get(bench).env_var: str(root)}
+@pytest.mark.parametrize("run_name", list(E2E_RUNS))
+def test_release_layouts_run_end_to_end(tmp_path, monkeypatch, run_name):
+    """`lmms_eval --model lvspec --model_args pretrained=demo,method=vanilla --limit 3 --log_samples`: every
+    logged multiple-choice prompt carries all its options."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env.pop(prompts.PROMPT_VARIANT_VAR, None)
+    docs = {}
+    for bench, layout in E2E_RUNS[run_name]:
+        env[benchmarks.get(bench).env_var] = str(release(tmp_path / "data", monkeypatch, bench, layout))
+        docs[CASES[(bench, layout)][0]] = benchmarks.load_rows(benchmarks.get(bench))
     args = [sys.executable, "-m", "lmms_eval", "--model", "lvspec", "--model_args", "pretrained=demo,method=vanilla",
-            "--tasks", task, "--limit", "3", "--gen_kwargs", "max_new_tokens=4", "--output_path",
+            "--tasks", ",".join(docs), "--limit", "3", "--gen_kwargs", "max_new_tokens=4", "--output_path",
             str(tmp_path / "out"), "--log_samples", "--verbosity", "DEBUG"]
-    run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False)
-    samples = list((tmp_path / "out").rglob(f"*_samples_{task}.jsonl"))
-    assert samples, run.stdout[-3000:] + run.stderr[-3000:]
-    logged = [json.loads(line) for line in samples[0].read_text().splitlines()]
-    assert logged
-    for sample in logged:
-        prompt = json.dumps(sample["arguments"]) if "arguments" in sample else json.dumps(sample)
-        assert all(json.dumps(o)[1:-1] in prompt for o in options_of(sample["doc"])), prompt[:500]
+    run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    for task, rows in docs.items():
+        samples = list((tmp_path / "out").rglob(f"*_samples_{task}.jsonl"))
+        assert samples, task + run.stdout[-3000:] + run.stderr[-3000:]
+        logged = [json.loads(line) for line in samples[0].read_text().splitlines()]
+        assert len(logged) == min(3, len(rows)), task
+        for sample in logged:
+            options = options_of(rows[sample["doc_id"]])
+            assert options and all(o in sample["input"] for o in options), (task, sample["input"])
+
+
+def test_docs_data_shows_every_layout_the_code_accepts():
+    text = (ROOT / "docs" / "DATA.md").read_text()
+    for name in ("videomme", "mvbench", "mlvu", "longvideobench"):
+        for layout in benchmarks.layouts_of(benchmarks.get(name)):
+            assert f"- {layout.name}: {layout.source}\n" in text, (name, layout.name)
+    assert "(DATA.md)" in (ROOT / "docs" / "GPU.md").read_text()
+    assert "(docs/DATA.md)" in (ROOT / "README.md").read_text()
+
+
+def test_mlvu_hub_options_are_read_from_the_question():
+    from lvspec_eval.tasks._common.layouts.mlvu import listed_options
+
+    assert listed_options("What colour?\n(A) black\n(B) gray (dark)\n(C) brown") == ["black", "gray (dark)", "brown"]
+    assert listed_options("What colour? (A) black (B) gray") == ["black", "gray"]
+    assert listed_options("What colour is the background?") == []  # no options: the check stops the run
+    assert listed_options("Which? (B) gray (C) brown") == []  # not from A: not an option list
+
+
+def test_hub_fallback_reads_lmms_evals_dataset_at_its_revision(monkeypatch, tmp_path):
+    """Without LVSPEC_<NAME>_ROOT: the hub dataset, at the revision lmms-eval pins, converted and tagged."""
+    import datasets
+
+    calls = []
+
+    def fake_load(hub_id, config, split, revision=None):
+        calls.append((hub_id, config, split, revision))
+        return [{"video": "v.mp4", "question": "Q?", "candidates": ["a", "b"], "answer": "b"}] if config else [
+            {"video_path": "v.mp4", "question": "Q?", "option0": "a", "option1": "b", "option2": "N/A",
+             "correct_choice": 1, "id": "x", "duration_group": 15, "question_category": "S2O"}]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    for name in ("mvbench", "longvideobench"):
+        monkeypatch.delenv(benchmarks.get(name).env_var, raising=False)
+    mvbench = benchmarks.load_rows(benchmarks.get("mvbench"))
+    assert {c[3] for c in calls} == {"video"} and len(mvbench) == len(benchmarks.MVBENCH_CONFIGS)
+    assert mvbench[0]["sub_task"] == "action_sequence" and "OpenGVLab/MVBench@video" in mvbench[0][SOURCE_FILE]
+    lvb = benchmarks.load_rows(benchmarks.get("longvideobench"))
+    assert calls[-1] == ("longvideobench/LongVideoBench", None, "validation", None)
+    assert lvb[0]["candidates"] == ["a", "b"]

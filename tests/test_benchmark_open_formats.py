@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "benchmarks"
 JUDGE_VARS = judge.ENDPOINT_VARS + (judge.JUDGE_SWITCH,)
 # (benchmark, layout folder) -> the folder its videos sit in and the doc field naming them
-LAYOUTS = {("vdc", "auroracap"): "videos", ("vdc", "lmms_eval_hub"): "Test_Videos",
-           ("vdd", "video_chatgpt"): "Test_Videos", ("vdd", "lmms_eval_hub"): "Test_Videos",
-           ("moviechat", "authors"): "videos", ("moviechat", "lmms_eval_hub"): "Test_Videos"}
+LAYOUTS = {("vdc", "authors"): "videos", ("vdc", "hub"): "Test_Videos",
+           ("vdd", "authors"): "Test_Videos", ("vdd", "hub"): "Test_Videos",
+           ("moviechat", "authors"): "videos", ("moviechat", "hub"): "Test_Videos"}
 
 
 def load_module(name: str, path: Path):
@@ -90,23 +90,23 @@ def test_each_release_reads_into_the_tasks_fields_with_provenance(bench, layout)
 
 
 def test_vdc_auroracap_pairs_each_dimension_with_its_own_caption():
-    docs = layout_docs("vdc", FIXTURES / "vdc" / "auroracap")
+    docs = layout_docs("vdc", FIXTURES / "vdc" / "authors")
     assert len(docs) == 3 * len(vdc_layouts.VDC_DIMENSIONS)
     camera = next(d for d in docs if d["dimension"] == "camera")
-    captions = json.loads((FIXTURES / "vdc/auroracap/post_eval/VDC_1k_captions.jsonl").read_text().split("\n")[0])
+    captions = json.loads((FIXTURES / "vdc/authors/post_eval/VDC_1k_captions.jsonl").read_text().split("\n")[0])
     assert camera["caption"] == captions["captions"]["camera_caption"]
     assert camera["qa_list"][0] == {"question": "Does the camera move?", "answer": "no, it is static"}
 
 
 def test_vdd_video_chatgpt_keys_become_question_and_answer():
-    doc = layout_docs("vdd", FIXTURES / "vdd" / "video_chatgpt")[0]
-    raw = json.loads((FIXTURES / "vdd/video_chatgpt/Benchmarking_QA/generic_qa.json").read_text())[0]
+    doc = layout_docs("vdd", FIXTURES / "vdd" / "authors")[0]
+    raw = json.loads((FIXTURES / "vdd/authors/Benchmarking_QA/generic_qa.json").read_text())[0]
     assert (doc["video_name"], doc["question"], doc["answer"]) == (raw["video_name"], raw["Q"], raw["A"])
 
 
 def test_vdc_without_its_captions_file_says_what_it_needs(tmp_path):
     root = tmp_path / "vdc"
-    shutil.copytree(FIXTURES / "vdc" / "auroracap", root)
+    shutil.copytree(FIXTURES / "vdc" / "authors", root)
     (root / "post_eval" / "VDC_1k_captions.jsonl").unlink()
     with pytest.raises(SchemaError, match=r"no VDC captions file \(VDC_1k_captions.jsonl or VDC_1k.jsonl\)"):
         layout_docs("vdc", root)
@@ -114,7 +114,7 @@ def test_vdc_without_its_captions_file_says_what_it_needs(tmp_path):
 
 # ---- VDC: each dimension judged against its own QA ---------------------------------------------------------
 
-@pytest.mark.parametrize("layout", ["auroracap", "lmms_eval_hub"])
+@pytest.mark.parametrize("layout", ["authors", "hub"])
 def test_two_vdc_dimensions_judge_against_their_own_questions(tmp_path, monkeypatch, layout):
     import judges.client
 
@@ -154,7 +154,7 @@ def test_vdc_rows_without_a_dimension_follow_lmms_eval(monkeypatch):
 
 
 def test_a_vdc_dimension_absent_from_the_files_is_named(tmp_path, monkeypatch):
-    root = make_root(tmp_path, "vdc", "auroracap", monkeypatch)
+    root = make_root(tmp_path, "vdc", "authors", monkeypatch)
     (root / "post_eval" / "short.jsonl").unlink()
     with pytest.raises(ValueError, match=r"vdc_short: no rows with dimension='short'.*found: background, camera"):
         process("vdc", "process_docs_short")
@@ -188,8 +188,8 @@ def drop_moviechat_time(root: Path) -> str:
 
 
 @pytest.mark.parametrize("bench,layout,task_docs,drop", [
-    ("vdc", "auroracap", "process_docs_camera", drop_vdc_caption),
-    ("vdd", "video_chatgpt", "process_docs", drop_vdd_answer),
+    ("vdc", "authors", "process_docs_camera", drop_vdc_caption),
+    ("vdd", "authors", "process_docs", drop_vdd_answer),
     ("moviechat", "authors", "process_docs_breakpoint", drop_moviechat_time),
 ])
 def test_a_row_missing_a_field_stops_the_run_at_start(tmp_path, monkeypatch, bench, layout, task_docs, drop):
@@ -201,7 +201,7 @@ def test_a_row_missing_a_field_stops_the_run_at_start(tmp_path, monkeypatch, ben
 
 
 def test_a_vdc_question_without_its_answer_is_named(tmp_path, monkeypatch):
-    root = make_root(tmp_path, "vdc", "auroracap", monkeypatch)
+    root = make_root(tmp_path, "vdc", "authors", monkeypatch)
     path = root / "post_eval" / "detailed.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]
     del records[2][first_key(records[2])][1]["answer"]
@@ -225,7 +225,7 @@ def test_a_missing_video_name_stops_the_run(tmp_path, monkeypatch):
 
 
 def test_a_missing_video_is_a_per_sample_failure_not_a_schema_error(tmp_path, monkeypatch):
-    root = make_root(tmp_path, "vdd", "video_chatgpt", monkeypatch)
+    root = make_root(tmp_path, "vdd", "authors", monkeypatch)
     (root / "Test_Videos" / "v_fixture_b02.mp4").unlink()
     docs = process("vdd", "process_docs")  # loads: the video is the model's problem, for that sample alone
     assert len(docs) == 3
@@ -234,7 +234,7 @@ def test_a_missing_video_is_a_per_sample_failure_not_a_schema_error(tmp_path, mo
 
 # ---- MovieChat-1K: each task asks its own questions; breakpoint times are frame indices ---------------------
 
-@pytest.mark.parametrize("layout", ["authors", "lmms_eval_hub"])
+@pytest.mark.parametrize("layout", ["authors", "hub"])
 def test_moviechat_global_and_breakpoint_ask_only_their_own_questions(tmp_path, monkeypatch, layout):
     make_root(tmp_path, "moviechat", layout, monkeypatch)
     global_docs = process("moviechat", "process_docs_global")
@@ -253,7 +253,7 @@ def test_moviechat_breakpoint_time_is_a_frame_index(tmp_path, monkeypatch):
     utils = load_utils("moviechat")
     doc = next(d for d in process("moviechat", "process_docs_breakpoint") if d["time"] == 1200)
     assert utils.doc_to_text_breakpoint(doc, {}).startswith("At 0:50 of the video: What is moving right now?")
-    make_root(tmp_path, "moviechat", "lmms_eval_hub", monkeypatch)
+    make_root(tmp_path, "moviechat", "hub", monkeypatch)
     hub_doc = {**process("moviechat", "process_docs_breakpoint")[0], "time": 3}
     assert hub_doc["fps"] is None and utils.moment(hub_doc) == "0:01"
 
@@ -279,8 +279,8 @@ def test_the_report_shows_the_protocol_the_samples_name():
 
 # ---- end to end through the lmms-eval CLI ------------------------------------------------------------------
 
-E2E = {"authors": {"vdc": "auroracap", "vdd": "video_chatgpt", "moviechat": "authors"},
-       "lmms_eval_hub": {"vdc": "lmms_eval_hub", "vdd": "lmms_eval_hub", "moviechat": "lmms_eval_hub"}}
+E2E = {"authors": {"vdc": "authors", "vdd": "authors", "moviechat": "authors"},
+       "hub": {"vdc": "hub", "vdd": "hub", "moviechat": "hub"}}
 E2E_TASKS = ("vdc_detailed", "vdc_camera", "vdd", "lvspec_moviechat_global", "lvspec_moviechat_breakpoint")
 
 
@@ -344,3 +344,11 @@ def test_dry_run_checks_each_moviechat_task_on_its_own_questions(tmp_path, monke
     code, out = dry_run(capsys, tasks)
     assert code == 1 and f"FAIL  schema moviechat ({tasks}): 1 of 12 rows" in out
     assert "2.json row breakpoint[1]: missing time" in out
+
+
+def test_docs_data_shows_every_vdc_vdd_moviechat_layout():
+    text = (ROOT / "docs" / "DATA.md").read_text()
+    for name in ("vdc", "vdd", "moviechat"):
+        for layout in benchmarks.layouts_of(benchmarks.get(name)):
+            assert f"- {layout.name}: {layout.source}\n" in text, (name, layout.name)
+    assert "vdcscore-per-dimension" in text and "lmms-eval-hub" in text

@@ -24,7 +24,7 @@ from loguru import logger
 
 from .builtin import DEFAULT_HF_HOME, builtin_utils
 from .layouts import files, longvideobench, mlvu, moviechat, mvbench, vdc, vdd, videomme
-from .schema import Layout, accepted, check_rows, reader, tag
+from .schema import Layout, Rule, accepted, answer_among, check_rows, index_within, letter_within, reader, tag
 
 # other names a video may have on disk: what the built-in tasks also try (.MP4, .mkv), and
 # MVBench's releases, whose records name some videos .webm that are stored as .mp4 and back
@@ -137,6 +137,13 @@ TASK_PART = {
     "vdc_detailed_facts": ("dimension", "detailed"),
     **{f"lvspec_moviechat_{m}": ("mode", m) for m in moviechat.MOVIECHAT_MODES},
 }
+# What else a task's rows must satisfy: the answer names one of the options (else no reply scores).
+TASK_RULES = {
+    "lvspec_videomme": (letter_within("answer", "options"),),
+    "lvspec_mvbench": (answer_among("candidates", "answer"),),
+    "lvspec_mlvu": (letter_within("answer", "candidates"),),
+    "lvspec_longvideobench": (index_within("correct_choice", "candidates"),),
+}
 GROUPS = {"vdc": tuple(t for t in TASKS if t.startswith("vdc_") and not t.endswith("_facts"))}
 
 
@@ -241,9 +248,10 @@ def task_rows(task: str, rows: list[dict]) -> list[dict]:
     return files.rows_of(rows, key, value, task)
 
 
-def process_docs(bench_name: str, dataset, required: tuple[str, ...], task: str | None = None):
+def process_docs(bench_name: str, dataset, required: tuple[str, ...], rules: tuple[Rule, ...] = (),
+                 task: str | None = None):
     """lmms-eval process_docs: replace the YAML's placeholder split by this benchmark's rows,
-    checked against the fields the task needs (`required`) before any model runs. `task` keeps
+    checked against the fields the task needs (`required`) and its `rules` before any model runs. `task` keeps
     that task's rows where a benchmark's files serve several (task_rows), before the check.
 
     The task YAMLs load a one-line placeholder file (a YAML cannot read an environment
@@ -258,5 +266,5 @@ def process_docs(bench_name: str, dataset, required: tuple[str, ...], task: str 
     rows = task_rows(task, rows) if task and rows else rows
     if not rows:
         raise ValueError(f"{bench_name}: the annotations hold no rows")
-    check_rows(bench_name, rows, required, layouts_of(bench))
+    check_rows(bench_name, rows, required, layouts_of(bench), rules)
     return datasets.Dataset.from_list(rows)

@@ -93,13 +93,48 @@ def missing_fields(doc: dict, required: Iterable[str]) -> list[str]:
     return [field for field in required if is_missing(doc.get(field))]
 
 
-def row_problems(rows: Sequence[dict], required: Sequence[str], limit: int | None = None) -> list[str]:
-    """One line per row that lacks a required field: 'file row N: missing a, b' (the first `limit`)."""
+Rule = Callable[[dict], "str | None"]  # a doc -> what is wrong with it, or None
+
+
+def answer_among(options: str, answer: str) -> Rule:
+    """The answer, given as an option's text, is one of the options (else no letter is right)."""
+    def rule(doc: dict) -> str | None:
+        if doc.get(answer) not in list(doc.get(options) or []):
+            return f"{answer} {doc.get(answer)!r} is not one of its {options}"
+        return None
+    return rule
+
+
+def index_within(index: str, options: str) -> Rule:
+    """The answer, given as an option's index, points at one of the options."""
+    def rule(doc: dict) -> str | None:
+        value, count = doc.get(index), len(doc.get(options) or [])
+        if not isinstance(value, int) or not 0 <= value < count:
+            return f"{index} {value!r} is not an index of its {count} {options}"
+        return None
+    return rule
+
+
+def letter_within(letter: str, options: str) -> Rule:
+    """The answer, given as a letter, names one of the options (A for the first)."""
+    def rule(doc: dict) -> str | None:
+        value, count = str(doc.get(letter)), len(doc.get(options) or [])
+        if len(value) != 1 or not 0 <= ord(value.upper()) - ord("A") < count:
+            return f"{letter} {value!r} is not the letter of one of its {count} {options}"
+        return None
+    return rule
+
+
+def row_problems(rows: Sequence[dict], required: Sequence[str], limit: int | None = None,
+                 rules: Sequence[Rule] = ()) -> list[str]:
+    """One line per row that lacks a required field ('file row N: missing a, b') or breaks a rule
+    (checked once the fields are there); the first `limit` of them."""
     problems = []
     for i, doc in enumerate(rows):
         missing = missing_fields(doc, required)
-        if missing:
-            problems.append(f"{where(doc, i)}: missing {', '.join(missing)}")
+        found = [f"missing {', '.join(missing)}"] if missing else [p for p in (r(doc) for r in rules) if p]
+        if found:
+            problems.append(f"{where(doc, i)}: {'; '.join(found)}")
             if limit is not None and len(problems) >= limit:
                 break
     return problems
@@ -113,12 +148,14 @@ def accepted(layouts: Sequence[Layout]) -> str:
     return "accepted layouts:\n" + "\n".join(layout.describe() for layout in layouts)
 
 
-def check_rows(benchmark: str, rows: Sequence[dict], required: Sequence[str], layouts: Sequence[Layout]) -> None:
-    """Raise SchemaError if any row lacks a field of `required` (the task's prompt and score fields)."""
-    problems = row_problems(rows, required)
+def check_rows(benchmark: str, rows: Sequence[dict], required: Sequence[str], layouts: Sequence[Layout],
+               rules: Sequence[Rule] = ()) -> None:
+    """Raise SchemaError if any row lacks a field of `required` (the task's prompt and score fields)
+    or breaks one of `rules` (an answer that is none of the options)."""
+    problems = row_problems(rows, required, rules=rules)
     if not problems:
         return
     shown = "\n".join(f"  {p}" for p in problems[:MAX_LISTED])
     more = f"\n  ... and {len(problems) - MAX_LISTED} more rows" if len(problems) > MAX_LISTED else ""
-    raise SchemaError(f"{benchmark}: {len(problems)} of {len(rows)} rows lack fields the task needs "
-                      f"({', '.join(required)}):\n{shown}{more}\n{accepted(layouts)}")
+    raise SchemaError(f"{benchmark}: {len(problems)} of {len(rows)} rows do not fit the task (it needs "
+                      f"{', '.join(required)}):\n{shown}{more}\n{accepted(layouts)}")

@@ -2,8 +2,8 @@
 
 Prompt layout as lmms-eval's `longvideobench_val_v` (question, "A. option" lines, the fixed
 post-prompt). Options are the authors' `candidates` list; rows of the hub layout (option0..4,
-"N/A" for unused ones) are converted to it at load (tasks/_common/layouts/longvideobench.py). Scoring is ours, for two reasons: lmms-eval's module imports decord (not installed
-here), and its parser answers a random letter when it cannot read the reply, so two runs of the
+"N/A" for unused ones) are converted to it at load (tasks/_common/layouts/longvideobench.py).
+Scoring is ours, for two reasons: lmms-eval's module imports decord (not installed here), and its parser answers a random letter when it cannot read the reply, so two runs of the
 same outputs could score differently. Ours is deterministic: an unreadable reply is wrong.
 lvb_acc is the accuracy as a fraction (lmms-eval's "Overall" acc).
 """
@@ -12,6 +12,7 @@ from lvspec_eval.tasks._common import benchmarks, metrics
 from lvspec_eval.tasks._common.schema import SchemaError
 
 BENCH = "longvideobench"
+TASK = "lvspec_longvideobench"
 
 
 def options(doc) -> list[str]:
@@ -28,7 +29,7 @@ def letters(doc) -> list[str]:
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS["lvspec_longvideobench"])
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[TASK], benchmarks.TASK_RULES[TASK])
 
 
 def doc_to_visual(doc):

@@ -20,10 +20,11 @@ from lvspec_eval.tasks._common.builtin import builtin_utils
 from lvspec_eval.tasks._common.layouts.mlvu import TASK_TYPES
 
 BENCH = "mlvu"
+TASK = "lvspec_mlvu"
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS["lvspec_mlvu"])
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[TASK], benchmarks.TASK_RULES[TASK])
 
 
 def doc_to_visual(doc):

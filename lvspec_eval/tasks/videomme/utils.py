@@ -12,10 +12,11 @@ from lvspec_eval.tasks._common import benchmarks, prompts
 from lvspec_eval.tasks._common.builtin import builtin_utils
 
 BENCH = "videomme"
+TASK = "lvspec_videomme"
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS["lvspec_videomme"])
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[TASK], benchmarks.TASK_RULES[TASK])
 
 
 def doc_to_visual(doc):

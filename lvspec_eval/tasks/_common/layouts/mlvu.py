@@ -25,7 +25,7 @@ from ..schema import Layout, globbed, reader
 # the records' question_type says findNeedle; the task type is the file's, as in the authors' scripts.
 TASK_TYPES = ("plotQA", "needle", "ego", "count", "order", "anomaly_reco", "topic_reasoning")
 OPEN_ENDED = ("sub_scene", "summary")  # the authors' generation tasks (8_sub_scene, 9_summary)
-OPTION_LINE = re.compile(r"^\(([A-Z])\)\s*(.*)$")
+OPTION_MARK = re.compile(r"\(([A-H])\)\s*")  # "(A) " before each option, on its own line or inline
 
 
 def letter(index: int) -> str:
@@ -61,11 +61,18 @@ def from_authors(row: dict, path: Path) -> dict:
     }
 
 
+def listed_options(question: str) -> list[str]:
+    """The options a question lists as "(A) text (B) text ..." (one per line or inline), A first."""
+    parts = OPTION_MARK.split(question)  # [question, "A", text, "B", text, ...]
+    letters, texts = parts[1::2], [t.strip() for t in parts[2::2]]
+    expected = [letter(i) for i in range(len(letters))]
+    return texts if letters == expected and all(texts) else []
+
+
 def from_hub(row: dict, path: Path | None = None) -> dict:
-    """A hub row: its options are lines of the question; list them as `candidates` for the check."""
+    """A hub row: its options are listed in the question; list them as `candidates` for the check."""
     if "candidates" not in row:
-        found = [OPTION_LINE.match(line.strip()) for line in str(row.get("question") or "").splitlines()]
-        row["candidates"] = [m.group(2) for m in found if m]
+        row["candidates"] = listed_options(str(row.get("question") or ""))
     return row
 
 

@@ -1,9 +1,9 @@
 """MovieChat-1K, global and breakpoint questions.
 
-- moviechat-1k: the authors' test release (Enxin/MovieChat-1K-test): annotations/<n>.json per video,
+- authors: the authors' test release (Enxin/MovieChat-1K-test): annotations/<n>.json per video,
   {"info": {"video_path", "fps", "num_frame", ...}, "global": [{question, answer}],
   "breakpoint": [{time, question, answer}]}, videos under videos/.
-- lmms-eval-hub: a snapshot of Enxin/lmms_MovieChat_test, moviechat_global/ and moviechat_breakpoint/
+- hub: a snapshot of Enxin/lmms_MovieChat_test, moviechat_global/ and moviechat_breakpoint/
   (test-00000-of-00001.parquet each), videos under Test_Videos/.
 Every doc records its "mode"; a breakpoint's "time" is a frame index, as the authors' eval code
 reads it (total_sec = time / info.fps: eval_code/result_prepare/run_inference_qa_moviechat.py), and
@@ -55,12 +55,12 @@ def read_moviechat_hub(path: Path) -> list[dict]:
 
 
 LAYOUTS = (
-    Layout("moviechat-1k", f"the authors' test release, Enxin/MovieChat-1K-test (annotations/ and videos/), "
+    Layout("authors", f"the authors' test release, Enxin/MovieChat-1K-test (annotations/ and videos/), "
                            f"as read by {MOVIECHAT} eval_code/result_prepare/run_inference_qa_moviechat.py",
            "<root>/\n  annotations/<n>.json   (info, global[], breakpoint[] with time = frame index)\n"
            "  videos/<n>.mp4         (info.video_path)",
            first_folder(("annotations",), ["*.json"]), read_moviechat_authors),
-    Layout("lmms-eval-hub", "a snapshot of Enxin/lmms_MovieChat_test (lmms-eval's moviechat tasks)",
+    Layout("hub", "a snapshot of Enxin/lmms_MovieChat_test (lmms-eval's moviechat tasks)",
            "<root>/\n  moviechat_global/test-00000-of-00001.parquet\n"
            "  moviechat_breakpoint/test-00000-of-00001.parquet\n  Test_Videos/<video_name>",
            first_folder(("",), [f"moviechat_{m}/test-*.parquet" for m in MOVIECHAT_MODES]), read_moviechat_hub),

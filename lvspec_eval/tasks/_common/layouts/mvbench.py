@@ -39,7 +39,7 @@ def layouts(configs: tuple[str, ...]) -> tuple[Layout, ...]:
         "hub dataset OpenGVLab/MVBench, revision `video` as lmms-eval 0.7.3's mvbench YAML pins "
         "(json/<sub_task>.json; the authors' release, which lmms-eval reads too)",
         "<root>/\n  json/<sub_task>.json   [{video, question, candidates, answer: option text}]\n"
-        "  <the sub-task's video folder>/<video>   (e.g. ssv2_video/, clevrer/video_validation/)",
+        "  <sub-task folder>/<video>   lmms-eval's DATA_LIST: ssv2_video_mp4/, clevrer/video_validation/, ...",
         finder(configs),
         reader(with_sub_task),
     ),)

@@ -1,10 +1,10 @@
 """VDC (video detailed captions, AuroraCap), five caption dimensions.
 
-- auroracap: the files the official VDCscore reads (rese1f/aurora post_eval/: one QA file per
+- authors: the files the official VDCscore reads (rese1f/aurora post_eval/: one QA file per
   dimension, `{video_id: [{question, answer, category}]}` per line, and the captions file
   `{video_id, captions: {<dimension>_caption}}`; the hub release wchai/Video-Detailed-Caption holds the
   same files as VDCScore_qa/ and VDC_1k.jsonl).
-- lmms-eval-hub: a snapshot of wchai/lmms_VDC_test, one parquet folder per dimension
+- hub: a snapshot of wchai/lmms_VDC_test, one parquet folder per dimension
   (`<dimension>_test/test-00000-of-00001.parquet`, rows video_name, caption, qa_list).
 Both give every doc its "dimension"; a row without one (the hub rows merged, as lmms-eval's YAML
 loads them: it names no config) is asked by every dimension task and judged against its own
@@ -93,7 +93,7 @@ def read_vdc_hub(path: Path) -> list[dict]:
 
 
 LAYOUTS = (
-    Layout("auroracap", f"AuroraCap's VDCscore files ({AURORACAP} post_eval/; the same files as "
+    Layout("authors", f"AuroraCap's VDCscore files ({AURORACAP} post_eval/; the same files as "
                         "VDCScore_qa/ + VDC_1k.jsonl in the hub release wchai/Video-Detailed-Caption)",
            "<root>/\n  post_eval/ (or VDCScore_qa/, or the root itself)\n"
            "    detailed.jsonl camera.jsonl short.jsonl background.jsonl main_object.jsonl\n"
@@ -101,7 +101,7 @@ LAYOUTS = (
            "    <video_id>.mp4",
            first_folder(("post_eval", "VDCScore_qa", ""), [f"{d}.jsonl" for d in VDC_DIMENSIONS]),
            read_vdc_auroracap),
-    Layout("lmms-eval-hub", "a snapshot of wchai/lmms_VDC_test (lmms-eval's VDC tasks)",
+    Layout("hub", "a snapshot of wchai/lmms_VDC_test (lmms-eval's VDC tasks)",
            "<root>/\n  detailed_test/test-00000-of-00001.parquet (and camera_test/, short_test/,\n"
            "    background_test/, main_object_test/)\n  Test_Videos/<video_name>.mp4",
            first_folder(("",), [f"{d}_test/test-*.parquet" for d in VDC_DIMENSIONS]), read_vdc_hub),

@@ -1,8 +1,8 @@
 """VDD (VideoDetailDescription): Video-ChatGPT's detail-orientation benchmark.
 
-- video-chatgpt: the authors' benchmark QA, Benchmarking_QA/generic_qa.json, a list of
+- authors: the authors' benchmark QA, Benchmarking_QA/generic_qa.json, a list of
   {video_name, Q, A} (Q and A become question and answer).
-- lmms-eval-hub: a snapshot of lmms-lab/VideoDetailDescription, data/test-*.parquet with rows
+- hub: a snapshot of lmms-lab/VideoDetailDescription, data/test-*.parquet with rows
   video_name, question, answer (lmms-eval's video_dc499).
 """
 from __future__ import annotations
@@ -33,11 +33,11 @@ def read_plain(path: Path) -> list[dict]:
 
 
 LAYOUTS = (
-    Layout("video-chatgpt", f"Video-ChatGPT's benchmark QA ({VIDEO_CHATGPT}, the generic_qa.json its "
+    Layout("authors", f"Video-ChatGPT's benchmark QA ({VIDEO_CHATGPT}, the generic_qa.json its "
                             "detail-orientation evaluation reads)",
            "<root>/\n  Benchmarking_QA/generic_qa.json (or generic_qa.json)\n  Test_Videos/<video_name>.mp4",
            first_folder(("Benchmarking_QA", ""), ["generic_qa.json"]), read_vdd_video_chatgpt),
-    Layout("lmms-eval-hub", "a snapshot of lmms-lab/VideoDetailDescription (lmms-eval's video_dc499)",
+    Layout("hub", "a snapshot of lmms-lab/VideoDetailDescription (lmms-eval's video_dc499)",
            "<root>/\n  data/test-00000-of-00001.parquet\n  Test_Videos/<video_name>.mp4",
            first_folder(("data",), ["test-*.parquet"]), read_plain),
 )
