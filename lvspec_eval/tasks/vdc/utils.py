@@ -21,8 +21,8 @@ can score a run again later.
 """
 
 from lvspec_eval.tasks._common import benchmarks, judge, metrics
-from lvspec_eval.tasks._common.layouts import vdc
 from lvspec_eval.tasks._common.builtin import builtin_constant
+from lvspec_eval.tasks._common.layouts import vdc
 
 BENCH = "vdc"
 # dimension -> lmms-eval's list of instructions for it (we always ask entry `prompt_index`)

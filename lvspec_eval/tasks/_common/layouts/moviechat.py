@@ -17,7 +17,6 @@ from pathlib import Path
 from ..schema import Layout, SchemaError, read_rows
 from .files import first_folder, provenance
 
-
 MOVIECHAT = "rese1f/MovieChat@ba9bb802ea209c6d8e8b4333ec917ae3aee55b1d"
 MOVIECHAT_MODES = ("global", "breakpoint")
 
@@ -56,7 +55,7 @@ def read_moviechat_hub(path: Path) -> list[dict]:
 
 LAYOUTS = (
     Layout("authors", f"the authors' test release, Enxin/MovieChat-1K-test (annotations/ and videos/), "
-                           f"as read by {MOVIECHAT} eval_code/result_prepare/run_inference_qa_moviechat.py",
+                      f"as read by {MOVIECHAT} eval_code/result_prepare/run_inference_qa_moviechat.py",
            "<root>/\n  annotations/<n>.json   (info, global[], breakpoint[] with time = frame index)\n"
            "  videos/<n>.mp4         (info.video_path)",
            first_folder(("annotations",), ["*.json"]), read_moviechat_authors),

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..schema import Layout, SchemaError, read_rows
 from .files import first_folder, provenance
 
+
 def qa_items(items, where: str) -> list[dict]:
     """[{question, answer}] from a list of QA records (extra keys such as AuroraCap's category dropped)."""
     if not isinstance(items, list) or not all(isinstance(q, dict) for q in items):
@@ -26,7 +27,6 @@ def qa_items(items, where: str) -> list[dict]:
     if bad:
         raise SchemaError(f"{where}: QA item(s) {bad} lack a question or an answer")
     return out
-
 
 
 VDC_DIMENSIONS = ("detailed", "camera", "short", "background", "main_object")

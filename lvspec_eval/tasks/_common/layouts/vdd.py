@@ -12,7 +12,6 @@ from pathlib import Path
 from ..schema import Layout, read_rows
 from .files import first_folder, provenance
 
-
 VIDEO_CHATGPT = "mbzuai-oryx/Video-ChatGPT@69ea1db32aa8a6406620e615f227754f0f967c08"
 
 
