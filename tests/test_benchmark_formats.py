@@ -351,3 +351,16 @@ def test_hub_fallback_reads_lmms_evals_dataset_at_its_revision(monkeypatch, tmp_
     lvb = benchmarks.load_rows(benchmarks.get("longvideobench"))
     assert calls[-1] == ("longvideobench/LongVideoBench", None, "validation", None)
     assert lvb[0]["candidates"] == ["a", "b"]
+
+
+@pytest.mark.parametrize("bench,layout,metric", [("mvbench", "authors", "mvbench_accuracy"),
+                                                 ("videomme", "hub", "videomme_perception_score")])
+def test_scores_are_lmms_evals_for_the_same_answers(tmp_path, monkeypatch, bench, layout, metric):
+    release(tmp_path, monkeypatch, bench, layout)
+    task = CASES[(bench, layout)][0]
+    utils, builtin = utils_of(task), builtin_utils(bench)
+    process = builtin.mvbench_process_results if bench == "mvbench" else builtin.videomme_process_results
+    for doc in benchmarks.load_rows(benchmarks.get(bench)):
+        for reply in ("A", "(B) two", "C.", "I do not know"):
+            ours, theirs = utils.process_results(doc, [reply])[metric], process(doc, [reply])[metric]
+            assert ours["score"] == theirs["score"], (doc, reply)
