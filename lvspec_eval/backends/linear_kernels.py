@@ -66,6 +66,8 @@ import torch
 import torch.nn.functional as F
 from filelock import FileLock
 
+from . import host
+
 MODES = ("auto", "measure", "torch")  # model_arg cpu_kernels: cached or measured / measured anew / off
 ONE_TOKEN_MODES = ("torch", "engine")  # model_arg one_token_kernels: transformers' own step / the measured kernel
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)  # row counts measured; more rows: nn.Linear
@@ -301,39 +303,42 @@ def _own_packed_bytes() -> int:
     return sum(t.nbytes for t in _LIVE_PACKS)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
-
-
 @dataclass
 class Ledger:
     """The prepacked bytes each live lvspec process of the machine holds, and the budget they share:
     PACK_SHARE of the memory available when the first of them installed (reset when none is left).
-    Read and written under a file lock in the cache folder (`ledger()`)."""
+    Read and written under the cache folder's lock (`ledger()`).
+
+    On disk: {"budget", "pids": {pid: bytes}, "owners": {pid: host.process_identity}}. The ledger
+    outlives reboots and may sit on a home that cluster nodes share, and PIDs are reused: an entry
+    counts only while its owner (same host, same boot, same start time) runs (host.is_running), so a
+    stale entry can never hold the budget; one without an owner (written by an older version) is
+    dropped alike."""
 
     budget: int | None = None
     pids: dict[str, int] = field(default_factory=dict)
+    owners: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
     def read(cls, path: Path) -> Ledger:
         try:
             raw = json.loads(path.read_text())
-            pids = {str(p): int(b) for p, b in raw.get("pids", {}).items() if _alive(int(p))}
+            owners = {str(p): o for p, o in raw.get("owners", {}).items() if isinstance(o, dict)}
+            live = {p: o for p, o in owners.items() if o.get("pid") == int(p) and host.is_running(o)}
+            pids = {str(p): int(b) for p, b in raw.get("pids", {}).items() if str(p) in live}
             budget = raw.get("budget") if pids else None  # nobody left holding: measure afresh
-            return cls(None if budget is None else int(budget), pids)
+            return cls(None if budget is None else int(budget), pids, {p: live[p] for p in pids})
         except (OSError, ValueError, TypeError, AttributeError):
             return cls()
+
+    def _hold(self, own: int) -> None:
+        me = str(os.getpid())
+        self.pids[me], self.owners[me] = own, host.process_identity()
 
     def allowance(self, available: int) -> int:
         """Bytes this process may still prepack: the shared budget less what every live process
         (this one included) holds, and never more than PACK_SHARE of what is available now."""
-        self.pids[str(os.getpid())] = _own_packed_bytes()
+        self._hold(_own_packed_bytes())
         if self.budget is None:
             self.budget = int(PACK_SHARE * available)
         return max(0, min(self.budget - sum(self.pids.values()), int(PACK_SHARE * available)))
@@ -341,9 +346,32 @@ class Ledger:
     def record(self) -> None:
         own = _own_packed_bytes()
         if own:
-            self.pids[str(os.getpid())] = own
+            self._hold(own)
         else:
             self.pids.pop(str(os.getpid()), None)
+            self.owners.pop(str(os.getpid()), None)
+
+    def saved(self) -> dict:
+        return {"budget": self.budget, "pids": self.pids, "owners": self.owners}
+
+
+@contextlib.contextmanager
+def cache_lock() -> Iterator[bool]:
+    """The cache folder's lock, held by every writer of its files (the ledger, cpu_kernels.json,
+    draft_precision's draft_dtype.json): one lvspec process measures and writes at a time. Yields
+    False (unlocked) where the folder cannot be written."""
+    path = cache_dir() / "packed_ledger.json.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(path))
+        lock.acquire()
+    except OSError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
 
 
 @contextlib.contextmanager
@@ -352,21 +380,15 @@ def ledger() -> Iterator[Ledger]:
     measurements undisturbed by another's, and the budget read and spent at once). Where the cache
     folder cannot be written, a ledger of this process alone."""
     path = cache_dir() / "packed_ledger.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(path) + ".lock")
-        lock.acquire()
-    except OSError:
-        yield Ledger()
-        return
-    try:
+    with cache_lock() as locked:
+        if not locked:
+            yield Ledger()
+            return
         book = Ledger.read(path)
         yield book
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"budget": book.budget, "pids": book.pids}))
+        tmp.write_text(json.dumps(book.saved()))
         tmp.replace(path)
-    finally:
-        lock.release()
 
 
 def _available_bytes() -> int:
