@@ -285,3 +285,28 @@ def test_hf_assistant_dtype_is_checked_before_loading(monkeypatch):
     with pytest.raises(ValueError, match="--hf-assistant-dtype int4"):
         bench.run(cli.build_parser().parse_args(["bench", "--hf-assisted", "--hf-assistant-dtype", "same,int4",
                                                  "--prompts", "builtin"]))
+
+
+def test_bench_and_report_give_one_summed_speedup_on_the_same_records():
+    """Issue 52, item 9: the summed figure (e2e_speedup_total, decode_speedup_total) is one definition,
+    summed seconds per summed generated token (docs/TIMING.md), in bench and in the report; answers of
+    other lengths make summed seconds alone differ from it."""
+    from lvspec_eval.reporting.speed import speed_fields
+
+    def rec(e2e, tokens):
+        return {"decode_s": e2e / 2, "e2e_s": e2e, "num_new_tokens": tokens, "num_steps": 2, "accepted_lengths": [1, 1],
+                "draft_s": 0.0, "drafted_draft_s": 0.0, "verify_s": 0.0, "num_draft_nodes": [1, 1], "prefill_s": 0.1,
+                "prune_s": 0.0, "draft_prefill_s": 0.0, "visual_tokens": 64, "kept_visual_tokens": 64,
+                "tokens": [1], "quality": None, "request_index": 1}
+    base = [rec(2.0, 20), rec(3.0, 10), rec(1.0, 8), rec(4.0, 30), rec(2.5, 12), rec(1.5, 9)]
+    recs = [rec(1.0, 10), rec(2.0, 12), rec(1.0, 4), rec(1.5, 30), rec(3.0, 20), rec(0.5, 9)]
+    samples = [{"id": k, "scene": None, "answer": None} for k in range(6)]
+    bench_row = bench.summarise("m", recs, base, samples)
+    report_row = speed_fields(list(zip(recs, base)))
+    per_token = (sum(b["e2e_s"] for b in base) / sum(b["num_new_tokens"] for b in base)) / (
+        sum(r["e2e_s"] for r in recs) / sum(r["num_new_tokens"] for r in recs))
+    assert per_token != pytest.approx(sum(b["e2e_s"] for b in base) / sum(r["e2e_s"] for r in recs))
+    for figure in ("e2e", "decode"):
+        assert bench_row[f"{figure}_speedup_total"] == pytest.approx(report_row[f"{figure}_speedup_total"])
+        assert bench_row[f"{figure}_speedup"] == pytest.approx(report_row[f"{figure}_speedup"])
+    assert bench_row["e2e_speedup_total"] == pytest.approx(per_token)

@@ -16,7 +16,7 @@ machine and thread count, `F.linear` at each row count in ROWS, the same with th
 zeros up to a larger count (free in memory: it borrows a faster point of the library's own curve),
 and a oneDNN prepacked weight (a second copy of the weights, in the library's blocked layout; only
 where memory allows), and keeps, per row count, the fastest by at least MIN_GAIN. The measurements
-are cached on disk per CPU (model name, flags, core count), thread count, torch version, dtype and
+are cached on disk per CPU (model name, flags as backends/host.py reads them, core count), thread count, torch version, dtype and
 shape (`$LVSPEC_CACHE_DIR/cpu_kernels.json`, default ~/.cache/lvspec), so a run pays for them once;
 a cache of another SCHEMA is measured anew, and so is a measurement whose spread says the machine
 was busy while it was taken (LOADED_SPREAD; the calmer measurement is kept).
@@ -50,10 +50,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import json
 import os
-import platform
 import statistics
 import time
 import warnings
@@ -162,11 +160,18 @@ def _time_ms(fn, repeats: int = REPEATS) -> tuple[float, float]:
     return min(times) * 1e3, statistics.median(times) * 1e3
 
 
-def bf16_supported() -> bool:
-    """Whether torch's oneDNN runs bf16 on this CPU (its reorder raises where it does not)."""
+def bf16_supported(device: torch.device | str = "cpu") -> bool:
+    """Whether `device` runs bfloat16 matrix products natively, asked of torch at run time: on a CPU
+    whether its oneDNN runs bf16 (its reorder raises where it does not; AVX512-BW, AVX-NE-CONVERT or
+    AMX), on CUDA torch.cuda.is_bf16_supported(). The one such check (draft_precision asks it too)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
+    except (AttributeError, RuntimeError):  # a torch build without the query
         return False
 
 
@@ -210,27 +215,11 @@ def cache_file() -> Path:
     return cache_dir() / "cpu_kernels.json"
 
 
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
-    out = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().split("\n"):
-            if not line.strip():
-                break
-            key, _, value = line.partition(":")
-            out[key.strip()] = value.strip()
-    except OSError:
-        pass
-    return out
-
-
 def machine_key() -> str:
     """The CPU as far as kernels care: its model name (generic on virtual machines), a digest of its
     flags (AVX-512, AMX... decide oneDNN's paths), its core count and torch's dispatch level; the
     thread count and torch version."""
-    info = _cpuinfo()
-    cpu = info.get("model name") or platform.processor() or platform.machine()
-    flags = hashlib.sha256(" ".join(sorted(info.get("flags", "").split())).encode()).hexdigest()[:12]
+    cpu, flags = host.cpu_identity()
     capability = torch.backends.cpu.get_cpu_capability()
     return (f"{cpu}|flags={flags}|cores={os.cpu_count()}|isa={capability}|threads={torch.get_num_threads()}"
             f"|torch={torch.__version__}")
