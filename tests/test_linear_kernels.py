@@ -144,12 +144,17 @@ Hardware\t: some board
 def test_one_reading_of_proc_cpuinfo_for_the_kernel_cache_and_the_resume_keys(tmp_path, monkeypatch):
     """An Arm CPU names its flags `Features` and has no `model name`: the kernel cache's key and the
     records' machine.cpu_flags come from the same reading (backends/host.py), the first processor's."""
+    from pathlib import Path
+
     from lvspec_eval.backends import host
     from lvspec_eval.models import resume
 
-    (tmp_path / "proc").mkdir()
-    (tmp_path / "proc" / "cpuinfo").write_text(ARM_CPUINFO)
-    monkeypatch.setattr(host, "ROOT", tmp_path)
+    real = Path.read_text
+
+    def read_text(self, *args, **kwargs):  # /proc/cpuinfo of an Arm machine, whoever reads it
+        return ARM_CPUINFO if str(self).endswith("proc/cpuinfo") else real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
     flags = resume.machine_settings()["machine.cpu_flags"]
     assert flags and f"|flags={flags}|" in lk.machine_key()
     assert host.cpuinfo()["Features"].endswith("atomics") and "Hardware" not in host.cpuinfo()
