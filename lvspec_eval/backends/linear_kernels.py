@@ -42,7 +42,8 @@ CONVERT or AMX; elsewhere torch's reorder raises), and any error while measuring
 leaves that weight on nn.Linear with one warning. Prepacked copies take at most PACK_SHARE of the
 memory available when the first lvspec process of the machine installed them, for all lvspec
 processes together (data-parallel ranks, a benchmark and its neighbour): a ledger in the cache
-folder, under a file lock, holds each live process's prepacked bytes (`Ledger`). Whether a forward
+folder, under a file lock, holds each live process's prepacked bytes (`Ledger`; an entry counts
+only while its process runs: same host, boot and start time). Whether a forward
 is multi-token, one-token opted in or disabled is context-local state (contextvars): a thread's
 forward never sees another's, and nesting cannot leave it on.
 """

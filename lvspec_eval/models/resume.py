@@ -204,7 +204,8 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
 
 def check_settings(record: dict, settings: dict, where: str, any_machine: bool = False) -> None:
     """ResumeMismatch naming every setting in which `record` differs from this run; a record made on
-    another machine (MACHINE_PREFIXES) passes only with `any_machine` (model_arg resume_any_machine)."""
+    another machine (MACHINE_PREFIXES) passes only with `any_machine` (model_arg resume_any_machine).
+    The load's choices (LOAD_PREFIXES) that an older version kept among the settings are not compared."""
     theirs = record.get("settings")
     if theirs is not None:  # an older version's record: its load's choices were among its settings
         theirs = {k: v for k, v in theirs.items() if not k.startswith(LOAD_PREFIXES)}
