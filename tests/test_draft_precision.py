@@ -2,12 +2,10 @@
 and `auto` picks bfloat16 only where torch says the CPU supports it and it measures faster."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch

@@ -144,8 +144,6 @@ Hardware\t: some board
 def test_one_reading_of_proc_cpuinfo_for_the_kernel_cache_and_the_resume_keys(tmp_path, monkeypatch):
     """An Arm CPU names its flags `Features` and has no `model name`: the kernel cache's key and the
     records' machine.cpu_flags come from the same reading (backends/host.py), the first processor's."""
-    from pathlib import Path
-
     from lvspec_eval.backends import host
     from lvspec_eval.models import resume
 
