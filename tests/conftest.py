@@ -13,6 +13,7 @@ mismatch in these tests means a real bug.
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -239,6 +240,17 @@ def _temporary_kernel_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("LVSPEC_CACHE_DIR", str(tmp_path_factory.mktemp("lvspec-cache")))
         yield
+
+
+@pytest.fixture(autouse=True)
+def _no_prompt_variant_left_over(monkeypatch):
+    """An lvspec model built in this process names its prompt variant in the environment
+    (models/parity.py PROMPT_VARIANT_VAR): no test sees one a previous test's model left."""
+    from lvspec_eval.models.parity import PROMPT_VARIANT_VAR
+
+    monkeypatch.delenv(PROMPT_VARIANT_VAR, raising=False)
+    yield
+    os.environ.pop(PROMPT_VARIANT_VAR, None)
 
 
 @pytest.fixture

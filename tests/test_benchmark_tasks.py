@@ -15,6 +15,7 @@ import pytest
 
 from lvspec_eval.tasks import TASKS_DIR
 from lvspec_eval.tasks._common import benchmarks, judge, metrics
+from lvspec_eval.tasks._common.schema import SOURCE_FILE, SOURCE_ROW
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "benchmarks"
@@ -92,7 +93,7 @@ def test_without_the_variable_the_hf_home_layout_is_used(monkeypatch, tmp_path):
 
 def test_a_root_without_annotations_names_what_it_looked_for(monkeypatch, tmp_path):
     monkeypatch.setenv("LVSPEC_VDD_ROOT", str(tmp_path))
-    with pytest.raises(ValueError, match=r"LVSPEC_VDD_ROOT=.*no annotations for vdd; looked for test\.jsonl"):
+    with pytest.raises(ValueError, match=r"(?s)LVSPEC_VDD_ROOT=.*no annotations for vdd; accepted layouts:.*test\.jsonl"):
         rows("vdd")
     monkeypatch.setenv("LVSPEC_VDD_ROOT", str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="is not a folder"):
@@ -103,12 +104,18 @@ def test_parquet_and_json_annotations_load(monkeypatch, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    source = rows_at(monkeypatch, "vdd", FIXTURES / "vdd")
+    source = without_provenance(rows_at(monkeypatch, "vdd", FIXTURES / "vdd"))
     pq.write_table(pa.Table.from_pylist(source), tmp_path / "test.parquet")
-    assert rows_at(monkeypatch, "vdd", tmp_path) == source
+    assert without_provenance(rows_at(monkeypatch, "vdd", tmp_path)) == source
+    assert rows_at(monkeypatch, "vdd", tmp_path)[1][SOURCE_ROW] == 1  # each doc says where it came from
     (tmp_path / "test.parquet").unlink()
     (tmp_path / "test.json").write_text(json.dumps({"data": source}))
-    assert rows_at(monkeypatch, "vdd", tmp_path) == source
+    assert without_provenance(rows_at(monkeypatch, "vdd", tmp_path)) == source
+    assert rows_at(monkeypatch, "vdd", tmp_path)[0][SOURCE_FILE] == str(tmp_path / "test.json")
+
+
+def without_provenance(found: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in (SOURCE_FILE, SOURCE_ROW)} for r in found]
 
 
 def rows_at(monkeypatch, name: str, root: Path) -> list[dict]:
@@ -120,7 +127,7 @@ def test_process_docs_replaces_the_placeholder(roots):
     import datasets
 
     placeholder = datasets.Dataset.from_list([{"placeholder": 0}])
-    docs = benchmarks.process_docs("longvideobench", placeholder)
+    docs = benchmarks.process_docs("longvideobench", placeholder, benchmarks.TASK_FIELDS["lvspec_longvideobench"])
     assert len(docs) == 2 and docs[0]["video_path"] == "lvb_fixture01.mp4"
 
 

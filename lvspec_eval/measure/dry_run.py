@@ -18,8 +18,10 @@ Checks, in order, and prints one line each (OK / WARN / FAIL):
    layers hold a fixed state instead, measure/cache_memory.py). The backend runs on an empty
    (meta-device) model: no weights are read.
 4. data, per task of this project's (tasks/_common/benchmarks.py): the data root exists (its
-   LVSPEC_<NAME>_ROOT, else lmms-eval's $HF_HOME layout), the annotations load, and the first
-   --videos video files exist. Judged tasks warn when no judge is configured.
+   LVSPEC_<NAME>_ROOT, else lmms-eval's $HF_HOME layout), the annotations load in one of the
+   benchmark's layouts, every row has the fields its tasks need (the schema check a run does at
+   its start; the first problems are printed), and the first --videos video files exist. Judged
+   tasks warn when no judge is configured.
 Exit code 1 if anything failed, else 0.
 """
 from __future__ import annotations
@@ -326,7 +328,7 @@ def check_benchmark(registry, bench, tasks: str, num_videos: int) -> list[Check]
         rows = registry.load_rows(bench)
     except (ValueError, OSError, ConnectionError, ImportError) as err:
         return [Check("FAIL", what, f"{source}: annotations do not load: {type(err).__name__}: {err}")]
-    checks = [Check("OK", what, f"{source}: {len(rows)} annotated samples")]
+    checks = [Check("OK", what, f"{source}: {len(rows)} annotated samples"), schema_check(registry, bench, tasks, rows)]
     missing = [registry.video_path(bench, row) for row in rows[:num_videos]]
     missing = [p for p in missing if not os.path.isfile(p)]
     if missing:
@@ -335,6 +337,24 @@ def check_benchmark(registry, bench, tasks: str, num_videos: int) -> list[Check]
     else:
         checks.append(Check("OK", what, f"the first {min(num_videos, len(rows))} videos exist"))
     return checks + judge_check(bench, what)
+
+
+def schema_check(registry, bench, tasks: str, rows: list[dict], shown: int = 5) -> Check:
+    """Every row against the fields each of the tasks needs (what process_docs checks at a run's start)."""
+    schema = importlib.import_module("_common.schema")
+    what = f"schema {bench.name} ({tasks})"
+    required = tuple(dict.fromkeys(f for t in tasks.split(",") for f in registry.TASK_FIELDS[t]))
+    rules = {t: registry.TASK_RULES.get(t, ()) for t in tasks.split(",")}
+    try:  # each task on its own rows (VDC's dimensions, MovieChat's modes: registry.task_rows)
+        problems = list(dict.fromkeys(p for t in rules for p in schema.row_problems(
+            registry.task_rows(t, rows), registry.TASK_FIELDS[t], rules=list(rules[t]))))
+    except ValueError as err:
+        return Check("FAIL", what, str(err))
+    if not problems:
+        return Check("OK", what, f"all {len(rows)} rows have {', '.join(required)}")
+    first = "; ".join(problems[:shown]) + (" ..." if len(problems) > shown else "")
+    layouts = schema.accepted(registry.layouts_of(bench))
+    return Check("FAIL", what, f"{len(problems)} of {len(rows)} rows do not fit the task: {first} ({layouts})")
 
 
 def judge_check(bench, what: str) -> list[Check]:

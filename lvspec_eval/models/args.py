@@ -72,6 +72,9 @@ class ModelArgs:
     # on | off: the chat template's enable_thinking, and answers cut after `</think>` (on); default: what the
     # family's lmms-eval class does (qwen3_5: on; qwen3_vl: not passed); Qwen3 families only (models/parity.py)
     thinking: str | None = None
+    # the prompts of the tasks that have per-model variants (lmms-eval's lmms_eval_specific_kwargs): auto = those
+    # of the family's lmms-eval class (Video-MME's qwen3_vl for Qwen3-VL), default, or an lmms-eval model name
+    prompt_variant: str = "auto"
     stats_path: str | None = None  # JSONL of per-sample decode statistics
     paired_timing: bool = False  # also time vanilla greedy on every request, beside the method (same clock)
     paired_with: str = "vanilla"  # with paired_timing: vanilla, or self (an A/A check: the method beside itself)
@@ -139,6 +142,7 @@ class ModelArgs:
         if self.thinking is not None:  # lmms-eval half-types true/false: accept them for on/off
             self.thinking = {"true": "on", "false": "off"}.get(self.thinking.lower(), self.thinking.lower())
             _one_of("thinking", self.thinking, THINKING_MODES)
+        _check_prompt_variant(self.prompt_variant)
         _check_device(self.device)
         if self.batch_size != 1:
             raise ValueError(f"batch_size={self.batch_size} is not supported: lvspec decodes one request at a time "
@@ -235,6 +239,15 @@ def auto_type(value: object) -> object:
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported; expected one of {', '.join(allowed)}")
+
+
+def _check_prompt_variant(value: str) -> None:
+    from .parity import CLASS_RULES, PROMPT_VARIANT_CHOICES, lmms_model_name
+
+    names = sorted({lmms_model_name(f, i) for f, i in CLASS_RULES})
+    if value not in PROMPT_VARIANT_CHOICES and value not in names:
+        raise ValueError(f"prompt_variant={value!r} is not supported; expected one of "
+                         f"{', '.join(PROMPT_VARIANT_CHOICES + tuple(names))}")
 
 
 def _check_device(device: str) -> None:

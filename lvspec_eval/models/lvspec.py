@@ -32,7 +32,7 @@ from ..backends.chat_template import check_video_template, render_text
 from ..decoding.loop import make_clock
 from ..decoding.runner import Generation, Runner, VideoInput
 from .args import GenSettings, ModelArgs, read_gen_kwargs
-from .parity import class_rules, final_answer, stop_strings, thinking_mode
+from .parity import PROMPT_VARIANT_VAR, class_rules, final_answer, prompt_variant, stop_strings, thinking_mode
 from .resume import Resume, load_choices, machine_settings, request_key, run_settings, video_fingerprint
 from .stats_writer import StatsWriter, failure_record, success_record
 from .throughput import Throughput
@@ -90,6 +90,11 @@ class _LVSpecModel(lmms):
         self.max_new_tokens = self.args.max_new_tokens or self.rules.max_new_tokens
         # enable_thinking for the chat template, and answers cut after `</think>` (None: the template's default)
         self.thinking = thinking_mode(self.runner.target.family, interface, self.args.thinking)
+        # the prompts the tasks give this family, as lmms-eval's own class would get them (set before the
+        # tasks build their requests: lmms-eval builds the model first)
+        os.environ[PROMPT_VARIANT_VAR] = prompt_variant(self.args.prompt_variant, self.runner.target.family, interface)
+        logger.info(f"lvspec: prompts of the tasks' {os.environ[PROMPT_VARIANT_VAR]!r} variant where they have one "
+                    f"(prompt_variant={self.args.prompt_variant})")
         # which frames each video gives under video_rule (a bad fps/max_frames fails here, not per sample)
         self.frame_plan = self.runner.target.frame_plan(self.args.fps, self.args.max_frames, interface)
         for name, backend in (("pretrained", self.runner.target), ("draft", self.runner.draft_backend)):

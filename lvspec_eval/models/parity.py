@@ -151,3 +151,26 @@ def final_answer(text: str, thinking: bool | None) -> str:
     if not thinking:
         return text
     return text.partition(THINK_END)[2].strip()
+
+
+# ---- per-model prompt variants ------------------------------------------------------------------
+# lmms-eval picks a task's prompt kwargs by the --model name (lmms_eval_specific_kwargs[<name>], else
+# "default"); under `--model lvspec` that name is never a family's. The lvspec model therefore names
+# the lmms-eval model whose prompts a run gets in this environment variable, which this project's
+# tasks read (tasks/_common/prompts.py, the same name): no import between the two rooms.
+PROMPT_VARIANT_VAR = "LVSPEC_PROMPT_VARIANT"
+PROMPT_VARIANT_CHOICES = ("auto", "default")  # or an lmms-eval model name, e.g. qwen3_vl
+
+
+def lmms_model_name(family: str, interface: str) -> str | None:
+    """The --model name of the family's lmms-eval class (its module's name: qwen3_vl, llava_hf), if known."""
+    rules = CLASS_RULES.get((family, interface))
+    return rules.reference.split(".")[-2] if rules is not None else None
+
+
+def prompt_variant(requested: str, family: str, interface: str) -> str:
+    """The lmms-eval model name whose prompts the tasks use: auto = the family's class's, so that a
+    Qwen3-VL checkpoint gets the prompts `--model qwen3_vl` gets; default = the tasks' default prompts."""
+    if requested == "auto":
+        return lmms_model_name(family, interface) or "default"
+    return requested

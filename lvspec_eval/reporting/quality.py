@@ -8,6 +8,8 @@
 - Exact match: share of paired samples whose output token ids equal the baseline's
   ("exact_match_basis": "tokens"); when a record lacks "tokens", the logged responses are
   compared instead ("text").
+- Protocol: the scoring protocol the task logged in its per-sample metric dicts ("protocol": VDC's
+  "vdcscore-per-dimension" or "lmms-eval-hub"), shown beside the metric; None when it logs none.
 - Fact errors introduced: for tasks whose per-sample metric dicts list the facts an answer got
   right ("facts_right": the synthvid captions), the facts vanilla's answer had right that the
   method's lost, summed over the paired docs, and their share of vanilla's right facts.
@@ -92,6 +94,13 @@ def fact_errors(run: TaskRun, vanilla: TaskRun, ids: tuple) -> tuple[int | None,
     return (lost, lost / right if right else None) if ids else (None, None)
 
 
+def protocol(run: TaskRun, metric: str) -> str | None:
+    """The "protocol" the task's per-sample metric dicts name ("a+b" when they name several), or None."""
+    named = {v.get("protocol") for s in run.samples.values() if isinstance(v := s.get(metric), Mapping)}
+    named.discard(None)
+    return "+".join(sorted(named)) or None
+
+
 def _response_text(sample: dict) -> str:
     return json.dumps(sample.get("filtered_resps", sample.get("resps")), ensure_ascii=False)
 
@@ -107,6 +116,7 @@ def quality_fields(run: TaskRun, vanilla: TaskRun, metric: str, opts: ReportOpti
     return {
         "n": paired.n,
         "metric": metric,
+        "protocol": protocol(run, metric),
         "quality": float(paired.method.mean()) if paired.n else float("nan"),
         "vanilla_quality": float(paired.vanilla.mean()) if paired.n else float("nan"),
         "retention": cmp.retention.estimate,

@@ -41,7 +41,8 @@ summary.json (read by `lvspec-eval check`; NaN is written as null):
    baseline tokens), "e2e_paired_s_per_token" ([[baseline, method] seconds per generated token, ...] per
    timed request), "retimed" (pairs decoded again after a
    stall, decoding/runner.timed_pair), "untimed" (requests left out of the speed figures: stalled twice), "timing", "decode_tokens_per_s", "quality",
-   "vanilla_quality", "metric", "retention", "retention_ci": [lo, hi], "non_inferior",
+   "vanilla_quality", "metric", "protocol" (the scoring protocol the task's samples name, e.g. VDC's
+   "vdcscore-per-dimension" or "lmms-eval-hub"; null when they name none), "retention", "retention_ci": [lo, hi], "non_inferior",
    "margin", "non_inferior_by_margin": {"0.01": bool, "0.02": bool},
    "exact_match_rate", "exact_match_basis", "facts_lost", "fact_error_rate" (null where the task
    logs no "facts_right"), "p_value", "p_holm", "test" ("mcnemar_exact",

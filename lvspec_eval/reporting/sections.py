@@ -55,7 +55,7 @@ COLUMNS = (
     ("timing", lambda r: r.get("timing") or "-"),
     ("timed (cold)", lambda r: f"{r.get('n_timed', '-')} ({r.get('cold_starts', '-')})"),
     ("decode tok/s", lambda r: _num(r["decode_tokens_per_s"], ".1f")),
-    ("metric", lambda r: r["metric"]),
+    ("metric", lambda r: r["metric"] + (f" ({r['protocol']})" if r.get("protocol") else "")),
     ("quality", lambda r: _num(r["quality"], ".4f")),
     ("retention [95% CI]", _retention_cell),
     ("non-inferior", lambda r: f"{'yes' if r['non_inferior'] else 'no'} @{r['margin']:.0%}"),

@@ -1,12 +1,13 @@
 """Where each benchmark's annotations and videos live, and which video file a doc names.
 
-One environment variable per benchmark, LVSPEC_<NAME>_ROOT, names a local folder laid out like
-lmms-eval's own cache folder for that benchmark ($HF_HOME/<cache_dir>: the videos under the same
-sub-folder the built-in task reads), with the annotations put beside them as <split>.jsonl,
-<split>.json or <split>.parquet (or in the hub repository's own layout, e.g. Video-MME's
-videomme/test-*.parquet). Without the variable the folder is $HF_HOME/<cache_dir> and the
-annotations come from the hub dataset through the local datasets cache, as the built-in tasks
-read them (HF_DATASETS_OFFLINE=1 keeps that offline once cached).
+One environment variable per benchmark, LVSPEC_<NAME>_ROOT, names a local folder holding the
+benchmark in one of its real layouts (schema.Layout; each benchmark's in layouts/<name>.py): the
+authors' own release, or a local snapshot of the hub dataset lmms-eval's built-in task reads.
+The first layout found under the root is read (the log says which); every doc is checked for the
+fields its task needs before any model runs (schema.check_rows, from process_docs). Without the
+variable the folder is $HF_HOME/<cache_dir> and the annotations come from the hub dataset through
+the local datasets cache, as the built-in tasks read them, at the revision lmms-eval's YAML pins
+(HF_DATASETS_OFFLINE=1 keeps that offline once cached). docs/DATA.md shows every layout.
 
 Why our own tasks at all: the built-in ones exit the whole run (sys.exit) on one missing video,
 need a hub download, and some pick a random instruction per sample. Ours return the expected
@@ -14,7 +15,6 @@ path of a missing video, so the model fails that sample alone with the path in i
 """
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,8 +23,12 @@ from pathlib import Path
 from loguru import logger
 
 from .builtin import DEFAULT_HF_HOME, builtin_utils
+from .layouts import files, longvideobench, mlvu, moviechat, mvbench, vdc, vdd, videomme
+from .schema import Layout, Rule, accepted, answer_among, check_rows, index_within, letter_within, reader, tag
 
-VIDEO_SUFFIX_SWAPS = ((".mp4", ".MP4"), (".mp4", ".mkv"))  # what the built-in tasks also try
+# other names a video may have on disk: what the built-in tasks also try (.MP4, .mkv), and
+# MVBench's releases, whose records name some videos .webm that are stored as .mp4 and back
+VIDEO_SUFFIX_SWAPS = ((".mp4", ".MP4"), (".mp4", ".mkv"), (".webm", ".mp4"), (".mp4", ".webm"))
 
 
 @dataclass(frozen=True)
@@ -39,9 +43,25 @@ class Benchmark:
     video_ext: str = ""  # appended to the doc's value when it is a stem (".mp4")
     configs: tuple[str | None, ...] = (None,)  # hub dataset configs (MVBench: one per sub-task)
     config_key: str = "sub_task"  # doc field that records a row's config when there are several
-    annotation_globs: tuple[str, ...] = ()  # extra layouts under the root; {config} and {split} filled
+    layouts: tuple[Layout, ...] = ()  # local annotation layouts, tried in order; () = flat_layout(split)
+    revision: str | None = None  # the hub revision lmms-eval's YAML pins (None: it pins none)
+    hub_convert: Callable[[dict], dict] | None = None  # hub row -> the task's fields, if they differ
     folder_of: Callable[[str], str] | None = None  # config -> video sub-folder (MVBench)
     alt_prefixes: tuple[str, ...] = ()  # other sub-folders a video may sit under (MVBench's data0613)
+    alt_video_dirs: tuple[str, ...] = ()  # other folders of the root holding the videos (an authors' videos/)
+
+
+def flat_layout(split: str) -> Layout:
+    """Rows of the hub dataset saved as one file beside the videos (what the docs asked for before)."""
+    return Layout("flat", "the hub dataset's rows saved as one file (any exporter)",
+                  f"<root>/\n  {split}.jsonl | {split}.json | {split}.parquet",
+                  _first_of(f"{split}.jsonl", f"{split}.json", f"{split}.parquet"), reader())
+
+
+def _first_of(*names: str):
+    def find(root: Path) -> list[Path]:
+        return next(([root / n] for n in names if (root / n).is_file()), [])
+    return find
 
 
 def _mvbench_folder(config: str) -> str:
@@ -59,19 +79,22 @@ MVBENCH_CONFIGS = (
 
 BENCHMARKS = {b.name: b for b in (
     Benchmark("videomme", "LVSPEC_VIDEOMME_ROOT", "lmms-eval/Video-MME", "test", "videomme", "data", "videoID",
-              ".mp4", annotation_globs=("videomme/{split}-*.parquet",)),
+              ".mp4", layouts=videomme.LAYOUTS),
     Benchmark("vdc", "LVSPEC_VDC_ROOT", "wchai/lmms_VDC_test", "test", "vdc_test", "Test_Videos", "video_name",
-              ".mp4"),
+              ".mp4", layouts=(*vdc.LAYOUTS, flat_layout("test")), alt_video_dirs=("videos",)),
     Benchmark("vdd", "LVSPEC_VDD_ROOT", "lmms-lab/VideoDetailDescription", "test", "videochatgpt", "Test_Videos",
-              "video_name", ".mp4"),
+              "video_name", ".mp4", layouts=(*vdd.LAYOUTS, flat_layout("test"))),
     Benchmark("moviechat", "LVSPEC_MOVIECHAT_ROOT", "Enxin/lmms_MovieChat_test", "test", "moviechat_1k_test",
-              "Test_Videos", "video_name"),
+              "Test_Videos", "video_name", layouts=(*moviechat.LAYOUTS, flat_layout("test")),
+              alt_video_dirs=("videos",)),
     Benchmark("mvbench", "LVSPEC_MVBENCH_ROOT", "OpenGVLab/MVBench", "train", "mvbench_video", "", "video",
-              configs=MVBENCH_CONFIGS, annotation_globs=("json/{config}.json",), folder_of=_mvbench_folder,
-              alt_prefixes=("data0613",)),
-    Benchmark("mlvu", "LVSPEC_MLVU_ROOT", "sy1998/MLVU_dev", "test", "mlvu", "", "video_name"),
+              configs=MVBENCH_CONFIGS, layouts=mvbench.layouts(MVBENCH_CONFIGS), folder_of=_mvbench_folder,
+              alt_prefixes=("data0613",), revision="video"),
+    Benchmark("mlvu", "LVSPEC_MLVU_ROOT", "sy1998/MLVU_dev", "test", "mlvu", "", "video_name",
+              layouts=mlvu.LAYOUTS, hub_convert=mlvu.from_hub),
     Benchmark("longvideobench", "LVSPEC_LONGVIDEOBENCH_ROOT", "longvideobench/LongVideoBench", "validation",
-              "datasets/longvideobench", "videos", "video_path", annotation_globs=("lvb_val.json",)),
+              "datasets/longvideobench", "videos", "video_path", layouts=longvideobench.LAYOUTS,
+              hub_convert=longvideobench.from_option_columns),
 )}
 
 # task name (ours) -> benchmark; groups expand to their tasks
@@ -87,6 +110,39 @@ TASKS = {
     "lvspec_mvbench": "mvbench",
     "lvspec_mlvu": "mlvu",
     "lvspec_longvideobench": "longvideobench",
+}
+# The fields each task's prompt and score read: process_docs (and `lvspec-eval dry-run`) check that
+# every row has them before any model runs. A multiple-choice task lists its options' field, so a
+# prompt without options cannot be built.
+TASK_FIELDS = {
+    "lvspec_videomme": ("videoID", "question", "options", "answer", "question_id", "duration", "domain",
+                        "sub_category", "task_type"),
+    **{f"vdc_{d}": ("video_name", "caption", "qa_list") for d in ("detailed", "camera", "short", "background",
+                                                                    "main_object")},
+    "vdd": ("video_name", "question", "answer"),
+    "vdd_facts": ("video_name", "question", "answer"),
+    "vdc_detailed_facts": ("video_name", "caption"),
+    "lvspec_moviechat_global": ("video_name", "question", "answer"),
+    "lvspec_moviechat_breakpoint": ("video_name", "question", "answer", "time"),
+    "lvspec_mvbench": ("video", "question", "candidates", "answer", "sub_task"),
+    "lvspec_mlvu": ("video_name", "question", "candidates", "answer", "task_type"),
+    "lvspec_longvideobench": ("video_path", "question", "candidates", "correct_choice", "id", "duration_group",
+                              "question_category"),
+}
+# Tasks that read part of their benchmark's rows: task -> (doc field, value). The layouts set the field
+# (VDC's dimension, MovieChat's mode); rows without it (the hub rows merged, as lmms-eval loads them)
+# belong to every task of the benchmark, as lmms-eval asks them.
+TASK_PART = {
+    **{f"vdc_{d}": ("dimension", d) for d in vdc.VDC_DIMENSIONS},
+    "vdc_detailed_facts": ("dimension", "detailed"),
+    **{f"lvspec_moviechat_{m}": ("mode", m) for m in moviechat.MOVIECHAT_MODES},
+}
+# What else a task's rows must satisfy: the answer names one of the options (else no reply scores).
+TASK_RULES = {
+    "lvspec_videomme": (letter_within("answer", "options"),),
+    "lvspec_mvbench": (answer_among("candidates", "answer"),),
+    "lvspec_mlvu": (letter_within("answer", "candidates"),),
+    "lvspec_longvideobench": (index_within("correct_choice", "candidates"),),
 }
 GROUPS = {"vdc": tuple(t for t in TASKS if t.startswith("vdc_") and not t.endswith("_facts"))}
 
@@ -117,6 +173,7 @@ def video_candidates(bench: Benchmark, doc: dict) -> list[Path]:
     root = data_root(bench)[0] / bench.video_dir
     folder = bench.folder_of(doc[bench.config_key]) if bench.folder_of else ""
     bases = [root / folder] + [root / prefix / folder for prefix in bench.alt_prefixes]
+    bases += [data_root(bench)[0] / alt / folder for alt in bench.alt_video_dirs]
     paths = [base / name for base in bases]
     for old, new in VIDEO_SUFFIX_SWAPS:
         if name.endswith(old):
@@ -136,67 +193,39 @@ def video_path(bench: Benchmark, doc: dict) -> str:
 
 # ---- annotations ---------------------------------------------------------------------------------
 
-def _local_files(bench: Benchmark, root: Path, config: str | None) -> list[Path]:
-    patterns = [f"{bench.split}.jsonl", f"{bench.split}.json", f"{bench.split}.parquet"] if config is None else []
-    patterns += [g.format(config=config, split=bench.split) for g in bench.annotation_globs]
-    for pattern in patterns:
-        found = sorted(root.glob(pattern))
-        if found:
-            return found
-    return []
-
-
-def read_rows(path: Path) -> list[dict]:
-    """Rows of a .jsonl, .json (a list, or {"data": [...]}) or .parquet annotation file."""
-    if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data["data"] if isinstance(data, dict) and "data" in data else data
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    raise ValueError(f"{path}: annotation files must be .jsonl, .json or .parquet")
+def layouts_of(bench: Benchmark) -> tuple[Layout, ...]:
+    return bench.layouts or (flat_layout(bench.split),)
 
 
 def local_rows(bench: Benchmark, root: Path) -> list[dict]:
-    """All rows under an environment-variable root.
+    """All rows under an environment-variable root, read by the first of the benchmark's layouts found.
 
-    A benchmark with several configs (MVBench's sub-tasks) may hold only some of them: the absent
-    ones are skipped with a warning. No annotations at all is a ValueError naming what was looked for.
+    No annotations at all is a ValueError naming the layouts looked for.
     """
-    rows, absent = [], []
-    for config in bench.configs:
-        files = _local_files(bench, root, config)
-        absent += [] if files else [config]
-        for path in files:
-            rows += [_tag(row, bench, config) for row in read_rows(path)]
-    if not rows and absent:
-        looked = ([f"{bench.split}.jsonl|json|parquet"] if bench.configs == (None,) else []) + [
-            g.format(config="<config>" if bench.configs != (None,) else None, split=bench.split)
-            for g in bench.annotation_globs]
-        raise ValueError(f"{bench.env_var}={str(root)!r}: no annotations for {bench.name}; looked for "
-                         f"{', '.join(looked)}")
-    if absent and bench.configs != (None,):
-        logger.warning(f"{bench.name}: no annotations for {len(absent)} of {len(bench.configs)} parts under "
-                       f"{root} ({', '.join(map(str, absent))}); running the others")
-    return rows
+    for layout in layouts_of(bench):
+        files = layout.find(root)
+        if files:
+            logger.info(f"{bench.name}: {root} read as the {layout.name} layout ({layout.source}): "
+                        f"{len(files)} annotation file(s)")
+            return [doc for path in files for doc in layout.read(path)]
+    raise ValueError(f"{bench.env_var}={str(root)!r}: no annotations for {bench.name}; "
+                     + accepted(layouts_of(bench)))
 
 
 def hub_rows(bench: Benchmark) -> list[dict]:
-    """All rows of the hub dataset, as the built-in task loads it (the local datasets cache first)."""
+    """All rows of the hub dataset, as the built-in task loads it (the local datasets cache first),
+    at the revision lmms-eval's YAML pins, if it pins one."""
     import datasets
 
     rows = []
     for config in bench.configs:
-        data = datasets.load_dataset(bench.hub_id, config, split=bench.split)
-        rows += [_tag(dict(row), bench, config) for row in data]
-    return rows
+        data = datasets.load_dataset(bench.hub_id, config, split=bench.split, revision=bench.revision)
+        source = f"{bench.hub_id}@{bench.revision or 'main'} {config or ''}/{bench.split}".replace(" /", " ")
+        rows += tag([_with_config(dict(row), bench, config) for row in data], source)
+    return [bench.hub_convert(row) for row in rows] if bench.hub_convert else rows
 
 
-def _tag(row: dict, bench: Benchmark, config: str | None) -> dict:
+def _with_config(row: dict, bench: Benchmark, config: str | None) -> dict:
     if config is not None:
         row[bench.config_key] = config
     return row
@@ -211,15 +240,31 @@ def load_rows(bench: Benchmark) -> list[dict]:
     return hub_rows(bench)
 
 
-def process_docs(bench_name: str, dataset):
-    """lmms-eval process_docs: replace the YAML's placeholder split by this benchmark's rows.
+def task_rows(task: str, rows: list[dict]) -> list[dict]:
+    """The rows task `task` asks (TASK_PART); all of them for a task that reads its benchmark whole."""
+    if task not in TASK_PART:
+        return rows
+    key, value = TASK_PART[task]
+    return files.rows_of(rows, key, value, task)
+
+
+def process_docs(bench_name: str, dataset, required: tuple[str, ...], rules: tuple[Rule, ...] = (),
+                 task: str | None = None):
+    """lmms-eval process_docs: replace the YAML's placeholder split by this benchmark's rows,
+    checked against the fields the task needs (`required`) and its `rules` before any model runs. `task` keeps
+    that task's rows where a benchmark's files serve several (task_rows), before the check.
 
     The task YAMLs load a one-line placeholder file (a YAML cannot read an environment
-    variable); the real rows are read here, where the environment is known.
+    variable); the real rows are read here, where the environment is known. lmms-eval calls
+    process_docs while it builds the tasks, before the model generates anything, so a SchemaError
+    here stops the run at start.
     """
     import datasets
 
-    rows = load_rows(get(bench_name))
+    bench = get(bench_name)
+    rows = load_rows(bench)
+    rows = task_rows(task, rows) if task and rows else rows
     if not rows:
         raise ValueError(f"{bench_name}: the annotations hold no rows")
+    check_rows(bench_name, rows, required, layouts_of(bench), rules)
     return datasets.Dataset.from_list(rows)

@@ -28,6 +28,15 @@ def builtin_utils(task_dir: str) -> ModuleType:
             os.environ.pop("HF_HOME", None)
 
 
+def builtin_task_file(task_dir: str, name: str) -> str:
+    """The text of lmms_eval/tasks/<task_dir>/<name> (a task YAML), read without importing anything."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("lmms_eval")
+    with open(os.path.join(os.path.dirname(spec.origin), "tasks", task_dir, name), encoding="utf-8") as f:
+        return f.read()
+
+
 def builtin_constant(task_dir: str, name: str):
     """A literal constant (e.g. a prompt list) of lmms_eval/tasks/<task_dir>/utils.py, read from
     its source without running it: some of those modules cannot be imported here (VDC's applies

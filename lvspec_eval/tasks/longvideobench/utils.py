@@ -1,21 +1,27 @@
 """LongVideoBench (validation, video only, no interleaved subtitles), multiple choice.
 
 Prompt layout as lmms-eval's `longvideobench_val_v` (question, "A. option" lines, the fixed
-post-prompt). Scoring is ours, for two reasons: lmms-eval's module imports decord (not installed
-here), and its parser answers a random letter when it cannot read the reply, so two runs of the
+post-prompt). Options are the authors' `candidates` list; rows of the hub layout (option0..4,
+"N/A" for unused ones) are converted to it at load (tasks/_common/layouts/longvideobench.py).
+Scoring is ours, for two reasons: lmms-eval's module imports decord (not installed here), and its parser answers a random letter when it cannot read the reply, so two runs of the
 same outputs could score differently. Ours is deterministic: an unreadable reply is wrong.
 lvb_acc is the accuracy as a fraction (lmms-eval's "Overall" acc).
 """
 
 from lvspec_eval.tasks._common import benchmarks, metrics
+from lvspec_eval.tasks._common.schema import SchemaError
 
 BENCH = "longvideobench"
-MAX_OPTIONS = 5  # option0 .. option4; unused ones are "N/A"
+TASK = "lvspec_longvideobench"
 
 
 def options(doc) -> list[str]:
-    found = [doc.get(f"option{i}") for i in range(MAX_OPTIONS)]
-    return [o for o in found if o is not None and o != "N/A"]
+    """The doc's option texts (`candidates`; the hub's option0..4 columns are converted at load)."""
+    found = list(doc.get("candidates") or [])
+    if not found:  # process_docs rejects such rows; this guards a doc that bypassed it
+        raise SchemaError(f"longvideobench: doc {doc.get('id')!r} has no options (candidates): a multiple-"
+                          "choice prompt without its options is never sent")
+    return found
 
 
 def letters(doc) -> list[str]:
@@ -23,7 +29,7 @@ def letters(doc) -> list[str]:
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset)
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[TASK], benchmarks.TASK_RULES[TASK])
 
 
 def doc_to_visual(doc):

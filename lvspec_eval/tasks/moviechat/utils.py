@@ -4,19 +4,31 @@ Answers are judged by this project's judges/ with the Video-ChatGPT QA question 
 0-5 score against the reference answer): qa_acc is the share of "yes", qa_score the mean score,
 as lmms-eval's moviechat tasks report them (gpt_eval_acc / gpt_eval_score).
 
-Breakpoint mode: the doc's `time` is a frame index. The lvspec model takes whole video files, so
-the moment is named in the prompt ("... at 1:23 of the video"), converted to seconds with the
-file's frame rate; this approximates MovieChat's breakpoint setting (where the model has seen the
-video up to that frame), it does not reproduce it.
+Each task asks only its own questions: the authors' per-video json and the hub snapshot say which
+question is global and which a breakpoint (doc "mode", tasks/_common/layouts/moviechat.py); rows that do
+not say (one merged file) are asked by both tasks, as lmms-eval's two tasks ask its merged split.
+
+Breakpoint mode: the doc's `time` is a frame index, as in the authors' json (their eval code divides
+it by info.fps). The lvspec model takes whole video files, so the moment is named in the prompt
+("... at 1:23 of the video"), converted to seconds with the release's fps (doc "fps", the authors'
+info.fps) or else the file's frame rate; this approximates MovieChat's breakpoint setting (where the
+model has seen the video up to that frame), it does not reproduce it.
 """
 
 from lvspec_eval.tasks._common import benchmarks, judge, metrics
+from lvspec_eval.tasks._common.layouts import moviechat
 
 BENCH = "moviechat"
 
 
-def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset)
+def docs_of(task: str):
+    """process_docs of `task`: its mode's questions only (benchmarks.TASK_PART)."""
+    def process_docs(dataset):
+        return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[task], task=task)
+    return process_docs
+
+
+process_docs_global, process_docs_breakpoint = (docs_of(f"lvspec_moviechat_{m}") for m in moviechat.MOVIECHAT_MODES)
 
 
 def doc_to_visual(doc):
@@ -28,16 +40,22 @@ def doc_to_text(doc, lmms_eval_specific_kwargs=None):
     return f"{kwargs.get('pre_prompt', '')}{doc['question']}{kwargs.get('post_prompt', '')}"
 
 
-def moment(doc) -> str:
-    """The breakpoint as m:ss (frame index / the video's frame rate), or "frame N" if unreadable."""
+def file_rate(doc) -> float | None:
+    """The frame rate of the doc's video file, or None when it cannot be read."""
     import av
 
-    frame = int(doc["time"])
     try:
         with av.open(benchmarks.video_path(benchmarks.get(BENCH), doc)) as container:
             rate = container.streams.video[0].average_rate
     except (av.FFmpegError, OSError, IndexError):
-        rate = None
+        return None
+    return float(rate) if rate else None
+
+
+def moment(doc) -> str:
+    """The breakpoint as m:ss (frame index / the release's fps, else the file's), or "frame N"."""
+    frame = int(doc["time"])
+    rate = doc.get("fps") or file_rate(doc)
     if not rate:
         return f"frame {frame}"
     seconds = int(frame / float(rate))

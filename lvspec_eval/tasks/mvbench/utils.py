@@ -14,10 +14,11 @@ from lvspec_eval.tasks._common import benchmarks
 from lvspec_eval.tasks._common.builtin import builtin_utils
 
 BENCH = "mvbench"
+TASK = "lvspec_mvbench"
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset)
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[TASK], benchmarks.TASK_RULES[TASK])
 
 
 def doc_to_visual(doc):

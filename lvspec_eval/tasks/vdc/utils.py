@@ -1,5 +1,15 @@
 """VDC (video detailed captions), five dimensions, judged by this project's judges/ (VDCscore).
 
+Which questions judge a dimension (tasks/_common/layouts/vdc.py reads the layouts):
+- "vdcscore-per-dimension": AuroraCap's per-dimension QA files (or the hub snapshot's per-dimension
+  parquet folders): task vdc_<dimension> asks only its dimension's rows, each judged against that
+  dimension's own questions and reference caption, as the official VDCscore (AuroraCap's post_eval) does.
+- "lmms-eval-hub": rows that do not say their dimension (the hub rows as lmms-eval loads them, all
+  five folders merged into one split): every dimension task asks every row, each judged against its
+  own qa_list, as lmms-eval's VDC tasks do.
+The protocol is logged with every sample ("vdc_protocol", and in each metric's dict) and shown in
+the report beside the metric.
+
 lmms-eval's VDC tasks pick a random instruction per sample and judge with an sglang server
 (CUDA only). Ours ask each dimension's first (canonical) instruction from lmms-eval's own lists
 (read from its source: the module cannot be imported without sglang), every time, and judge
@@ -12,6 +22,7 @@ can score a run again later.
 
 from lvspec_eval.tasks._common import benchmarks, judge, metrics
 from lvspec_eval.tasks._common.builtin import builtin_constant
+from lvspec_eval.tasks._common.layouts import vdc
 
 BENCH = "vdc"
 # dimension -> lmms-eval's list of instructions for it (we always ask entry `prompt_index`)
@@ -30,8 +41,15 @@ def instruction(dimension: str, index: int = 0) -> str:
     return builtin_constant("vdc", PROMPT_LISTS[dimension])[index]
 
 
-def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset)
+def docs_of(task: str):
+    """process_docs of `task`: its dimension's rows (benchmarks.TASK_PART; all rows when they do not say)."""
+    def process_docs(dataset):
+        return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS[task], task=task)
+    return process_docs
+
+
+process_docs_detailed, process_docs_camera, process_docs_short, process_docs_background, process_docs_main_object = (
+    docs_of(f"vdc_{d}") for d in vdc.VDC_DIMENSIONS)
 
 
 def doc_to_visual(doc):
@@ -48,13 +66,16 @@ def qa_pairs(doc) -> tuple:
 
 
 def process_results(doc, results):
-    caption = results[0]
-    result = judge.score_caption("vdc", f"vdc/{doc['video_name']}", caption, doc["caption"], "", qa_pairs(doc))
-    where = {"video_name": doc["video_name"]}
+    caption, protocol = results[0], vdc.vdc_protocol(doc)
+    parts = [doc["dimension"]] if doc.get("dimension") else []  # one dimension's QA is not another's
+    key = "/".join(["vdc", *parts, str(doc["video_name"])])
+    result = judge.score_caption("vdc", key, caption, doc["caption"], "", qa_pairs(doc))
+    where = {"video_name": doc["video_name"], "protocol": protocol}
     return {
         "vdc_score": judge.judged(result["score"], result["error"], **where),
         "vdc_acc": judge.judged(result["acc"], result["error"], **where),
         "qa_list": [{"question": q, "answer": a} for q, a in qa_pairs(doc)],  # logged, not aggregated
+        "vdc_protocol": protocol,  # logged, not aggregated
     }
 
 

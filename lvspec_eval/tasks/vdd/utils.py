@@ -3,6 +3,10 @@
 The question is the doc's own (fixed per sample, as in lmms-eval's `video_dc499`); the caption is
 judged by this project's judges/ in mode "detail" (detail orientation, 0-5) instead of the
 built-in task's direct requests to OpenAI. A missing judgment is None, not 0.
+
+Layouts (tasks/_common/layouts/vdd.py): Video-ChatGPT's own generic_qa.json (`video_name, Q, A`, the
+questions its detail-orientation evaluation asks) or a snapshot of lmms-eval's hub dataset
+(`video_name, question, answer`); both become the fields below.
 """
 
 from lvspec_eval.tasks._common import benchmarks, judge, metrics
@@ -11,7 +15,7 @@ BENCH = "vdd"
 
 
 def process_docs(dataset):
-    return benchmarks.process_docs(BENCH, dataset)
+    return benchmarks.process_docs(BENCH, dataset, benchmarks.TASK_FIELDS["vdd"])
 
 
 def doc_to_visual(doc):
