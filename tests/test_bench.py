@@ -204,15 +204,18 @@ def test_fact_errors_count_what_vanilla_had_right_and_the_method_lost():
     assert bench.fact_errors(samples, base, base) == (0, 2 * n_facts + 1)  # nothing lost against itself
 
 
+def bench_record(e2e: float, tokens: int = 4) -> dict:
+    """A bench record of one sample: `e2e` seconds (half of them decoding) for `tokens` tokens."""
+    return {"decode_s": e2e / 2, "e2e_s": e2e, "num_new_tokens": tokens, "num_steps": 2, "accepted_lengths": [1, 1],
+            "draft_s": 0.0, "drafted_draft_s": 0.0, "verify_s": 0.0, "num_draft_nodes": [1, 1], "prefill_s": 0.1,
+            "prune_s": 0.0, "draft_prefill_s": 0.0, "visual_tokens": 64, "kept_visual_tokens": 64,
+            "tokens": [1], "quality": None, "request_index": 1}
+
+
 def test_bench_speedup_is_a_median_with_its_interval_and_says_when_it_holds_one():
-    def rec(e2e):
-        return {"decode_s": e2e / 2, "e2e_s": e2e, "num_new_tokens": 4, "num_steps": 2, "accepted_lengths": [1, 1],
-                "draft_s": 0.0, "drafted_draft_s": 0.0, "verify_s": 0.0, "num_draft_nodes": [1, 1], "prefill_s": 0.1,
-                "prune_s": 0.0, "draft_prefill_s": 0.0, "visual_tokens": 64, "kept_visual_tokens": 64,
-                "tokens": [1], "quality": None}
     samples = [{"id": k, "scene": None, "answer": None} for k in range(6)]
-    base = [rec(2.0)] * 6
-    row = bench.summarise("m", [rec(1.0), rec(2.0), rec(4.0)] * 2, base, samples)  # ratios 2, 1, 0.5 twice
+    base = [bench_record(2.0)] * 6
+    row = bench.summarise("m", [bench_record(e2e) for e2e in (1.0, 2.0, 4.0)] * 2, base, samples)  # ratios 2, 1, 0.5 twice
     assert row["e2e_speedup"] == 1.0 and row["e2e_speedup_ci"] == [0.5, 2.0]  # n = 6: the min-max range
     assert row["e2e_verdict"] == "no clear difference" and row["e2e_speedup_total"] == pytest.approx(6 / 7)
     table = bench.format_table({"task": "synthvid_caption", "methods": {"m": row}})
@@ -220,16 +223,12 @@ def test_bench_speedup_is_a_median_with_its_interval_and_says_when_it_holds_one(
 
 
 def test_bench_speed_is_per_token_so_shorter_answers_are_not_faster():
-    def rec(e2e, tokens):
-        return {"decode_s": e2e / 2, "e2e_s": e2e, "num_new_tokens": tokens, "num_steps": 2, "accepted_lengths": [1, 1],
-                "draft_s": 0.0, "drafted_draft_s": 0.0, "verify_s": 0.0, "num_draft_nodes": [1, 1], "prefill_s": 0.1,
-                "prune_s": 0.0, "draft_prefill_s": 0.0, "visual_tokens": 64, "kept_visual_tokens": 64,
-                "tokens": [1], "quality": None}
     samples = [{"id": k, "scene": None, "answer": None} for k in range(6)]
-    row = bench.summarise("m", [rec(1.0, 10)] * 6, [rec(2.0, 20)] * 6, samples)  # half the answer, half the time
+    # half the answer, half the time
+    row = bench.summarise("m", [bench_record(1.0, 10)] * 6, [bench_record(2.0, 20)] * 6, samples)
     assert row["e2e_speedup"] == 1.0 and row["decode_speedup"] == 1.0
     assert row["e2e_request_speedup"] == 2.0 and row["length_ratio"] == 0.5
-    few = bench.summarise("m", [rec(1.0, 10)] * 4, [rec(2.0, 10)] * 4, samples[:4])
+    few = bench.summarise("m", [bench_record(1.0, 10)] * 4, [bench_record(2.0, 10)] * 4, samples[:4])
     assert few["e2e_speedup"] == 2.0 and few["e2e_verdict"] == "too few requests"
 
 
@@ -285,3 +284,23 @@ def test_hf_assistant_dtype_is_checked_before_loading(monkeypatch):
     with pytest.raises(ValueError, match="--hf-assistant-dtype int4"):
         bench.run(cli.build_parser().parse_args(["bench", "--hf-assisted", "--hf-assistant-dtype", "same,int4",
                                                  "--prompts", "builtin"]))
+
+
+def test_bench_and_report_give_one_summed_speedup_on_the_same_records():
+    """Issue 52, item 9: the summed figure (e2e_speedup_total, decode_speedup_total) is one definition,
+    summed seconds per summed generated token (docs/TIMING.md), in bench and in the report; answers of
+    other lengths make summed seconds alone differ from it."""
+    from lvspec_eval.reporting.speed import speed_fields
+
+    base = [bench_record(*r) for r in ((2.0, 20), (3.0, 10), (1.0, 8), (4.0, 30), (2.5, 12), (1.5, 9))]
+    recs = [bench_record(*r) for r in ((1.0, 10), (2.0, 12), (1.0, 4), (1.5, 30), (3.0, 20), (0.5, 9))]
+    samples = [{"id": k, "scene": None, "answer": None} for k in range(6)]
+    bench_row = bench.summarise("m", recs, base, samples)
+    report_row = speed_fields(list(zip(recs, base)))
+    per_token = (sum(b["e2e_s"] for b in base) / sum(b["num_new_tokens"] for b in base)) / (
+        sum(r["e2e_s"] for r in recs) / sum(r["num_new_tokens"] for r in recs))
+    assert per_token != pytest.approx(sum(b["e2e_s"] for b in base) / sum(r["e2e_s"] for r in recs))
+    for figure in ("e2e", "decode"):
+        assert bench_row[f"{figure}_speedup_total"] == pytest.approx(report_row[f"{figure}_speedup_total"])
+        assert bench_row[f"{figure}_speedup"] == pytest.approx(report_row[f"{figure}_speedup"])
+    assert bench_row["e2e_speedup_total"] == pytest.approx(per_token)

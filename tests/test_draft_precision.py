@@ -2,10 +2,16 @@
 and `auto` picks bfloat16 only where torch says the CPU supports it and it measures faster."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+import time
+
 import pytest
 import torch
 
 from lvspec_eval.backends import draft_int8, draft_precision
+from lvspec_eval.backends import linear_kernels as lk
 from lvspec_eval.backends.loading import load_backend, load_draft
 from lvspec_eval.decoding import loop, methods
 from lvspec_eval.measure.bench import make_samples
@@ -77,7 +83,7 @@ def _layers():
 
 
 def test_auto_keeps_float32_where_torch_reports_no_bfloat16(cache_dir, monkeypatch):
-    monkeypatch.setattr(draft_precision, "bf16_supported", lambda device: False)
+    monkeypatch.setattr(lk, "bf16_supported", lambda device="cpu": False)
     monkeypatch.setattr(draft_precision, "measure_shape", lambda w: pytest.fail("measured without bfloat16 support"))
     decision = draft_precision.choose(_layers(), torch.device("cpu"), torch.float32)
     assert decision.dtype == "float32" and "no bfloat16" in decision.reason
@@ -85,7 +91,7 @@ def test_auto_keeps_float32_where_torch_reports_no_bfloat16(cache_dir, monkeypat
 
 @pytest.mark.parametrize("bf16_ms,want", [(0.5, "bfloat16"), (0.95, "float32")])
 def test_auto_picks_bfloat16_only_where_it_measures_faster(cache_dir, monkeypatch, bf16_ms, want):
-    monkeypatch.setattr(draft_precision, "bf16_supported", lambda device: True)
+    monkeypatch.setattr(lk, "bf16_supported", lambda device="cpu": True)
     calls = []
 
     def fake(weight):
@@ -171,3 +177,46 @@ def test_a_draft_takes_its_measured_one_row_kernel_everywhere_the_target_only_wh
             out = layer(x)
         assert seen == want, (one_token, seen)
         assert torch.allclose(out, plain, atol=1e-6)
+
+
+def test_bfloat16_support_is_asked_in_one_place(cache_dir, monkeypatch):
+    """draft_dtype=auto and the CPU kernels ask the same function (linear_kernels.bf16_supported)."""
+    monkeypatch.setattr(lk, "bf16_supported", lambda device="cpu": True)
+    monkeypatch.setattr(draft_precision, "measure_shape", lambda w: {"float32_ms": 1.0, "bfloat16_ms": 0.5})
+    assert draft_precision.choose(_layers(), torch.device("cpu"), torch.float32).dtype == "bfloat16"
+    assert not hasattr(draft_precision, "bf16_supported")
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from filelock import FileLock
+lock = FileLock(sys.argv[1])
+with lock:
+    Path(sys.argv[2]).touch()
+    while not Path(sys.argv[3]).exists():
+        time.sleep(0.01)
+"""
+
+
+def test_draft_dtype_json_is_written_under_the_cache_folders_lock(cache_dir, monkeypatch, tmp_path):
+    """Another process holds the lock every writer of the cache folder takes (the kernel ledger's, held
+    while cpu_kernels.json is measured and written): draft_dtype.json waits for it."""
+    monkeypatch.setattr(lk, "bf16_supported", lambda device="cpu": True)
+    monkeypatch.setattr(draft_precision, "measure_shape", lambda w: {"float32_ms": 1.0, "bfloat16_ms": 0.5})
+    held, release = tmp_path / "held", tmp_path / "release"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(cache_dir / "packed_ledger.json.lock"), str(held),
+                               str(release)])
+    try:
+        deadline = time.monotonic() + 60
+        while not held.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        chooser = threading.Thread(target=draft_precision.choose, args=(_layers(), torch.device("cpu"), torch.float32))
+        chooser.start()
+        time.sleep(1.0)
+        assert chooser.is_alive() and not (cache_dir / "draft_dtype.json").exists()  # waiting for the lock
+    finally:
+        release.touch()
+        holder.wait(timeout=60)
+    chooser.join(timeout=60)
+    assert not chooser.is_alive() and (cache_dir / "draft_dtype.json").exists()

@@ -91,3 +91,57 @@ def test_tests_never_touch_the_users_kernel_cache():
     assert os.environ.get("LVSPEC_CACHE_DIR")
     assert lk.cache_dir() != Path.home() / ".cache" / "lvspec"
     assert "lvspec-cache" in lk.cache_dir().name
+
+
+GIB = 1 << 30
+
+
+def _ledger_holding(path: Path, pid: int, owner: dict | None = None) -> None:
+    """A ledger in which process `pid` holds 8 GiB of a 8 GiB budget (with `owner`: its identity)."""
+    book = {"budget": 8 * GIB, "pids": {str(pid): 8 * GIB}}
+    if owner is not None:
+        book["owners"] = {str(pid): owner}
+    path.write_text(json.dumps(book))
+
+
+def test_a_live_pid_that_is_not_the_recorded_process_does_not_zero_the_budget(tmp_path, monkeypatch):
+    """PID 1 is alive (init), but it is not the lvspec process that wrote the entry: a ledger left by a
+    reboot, or by another node on a shared home, must not keep prepacked kernels off for good."""
+    monkeypatch.setenv("LVSPEC_CACHE_DIR", str(tmp_path))
+    _ledger_holding(tmp_path / "packed_ledger.json", 1)
+    with lk.ledger() as book:
+        assert "1" not in book.pids
+        assert book.allowance(16 * GIB) >= 8 * GIB - lk._own_packed_bytes()
+
+
+@pytest.mark.parametrize("field,value", [("host", "another-node"), ("start", -5), ("boot", "another-boot")])
+def test_an_entry_of_another_host_boot_or_start_time_is_dropped(field, value, tmp_path, monkeypatch):
+    from lvspec_eval.backends import host
+
+    monkeypatch.setenv("LVSPEC_CACHE_DIR", str(tmp_path))
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as other:
+        try:
+            owner = {**host.process_identity(other.pid), field: value}
+            _ledger_holding(tmp_path / "packed_ledger.json", other.pid, owner)
+            with lk.ledger() as book:
+                assert str(other.pid) not in book.pids and book.allowance(16 * GIB) > 0
+            _ledger_holding(tmp_path / "packed_ledger.json", other.pid, host.process_identity(other.pid))
+            with lk.ledger() as book:  # the process itself, as recorded: it holds the budget
+                assert book.pids[str(other.pid)] == 8 * GIB and book.allowance(16 * GIB) == 0
+        finally:
+            other.kill()
+
+
+def test_the_ledger_records_who_holds_each_entry(tmp_path, monkeypatch):
+    from lvspec_eval.backends import host
+
+    monkeypatch.setenv("LVSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(lk, "_own_packed_bytes", lambda: 1000)
+    with lk.ledger() as book:
+        book.allowance(16 * GIB)
+        book.record()
+    saved = json.loads((tmp_path / "packed_ledger.json").read_text())
+    me = str(os.getpid())
+    assert saved["pids"][me] == 1000 and saved["owners"][me] == host.process_identity()
+    with lk.ledger() as book:  # read back: this process is still this process
+        assert book.pids[me] == 1000

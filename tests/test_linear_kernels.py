@@ -128,6 +128,36 @@ def test_the_machine_key_holds_flags_and_cores_beside_the_model_name():
     assert "|flags=" in key and f"|cores={os.cpu_count()}|" in key and f"threads={torch.get_num_threads()}" in key
 
 
+ARM_CPUINFO = """processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics
+CPU implementer\t: 0x41
+
+processor\t: 1
+BogoMIPS\t: 50.00
+Features\t: fp asimd
+
+Hardware\t: some board
+"""
+
+
+def test_one_reading_of_proc_cpuinfo_for_the_kernel_cache_and_the_resume_keys(tmp_path, monkeypatch):
+    """An Arm CPU names its flags `Features` and has no `model name`: the kernel cache's key and the
+    records' machine.cpu_flags come from the same reading (backends/host.py), the first processor's."""
+    from lvspec_eval.backends import host
+    from lvspec_eval.models import resume
+
+    real = Path.read_text
+
+    def read_text(self, *args, **kwargs):  # /proc/cpuinfo of an Arm machine, whoever reads it
+        return ARM_CPUINFO if str(self).endswith("proc/cpuinfo") else real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    flags = resume.machine_settings()["machine.cpu_flags"]
+    assert flags and f"|flags={flags}|" in lk.machine_key()
+    assert host.cpuinfo()["Features"].endswith("atomics") and "Hardware" not in host.cpuinfo()
+
+
 @pytest.mark.parametrize("old", [
     {"some cpu|threads=1|torch=x": {"float32|16x32|bias=True|onednn=True": {"torch_ms": {"2": 1.0}}}},  # schema 1
     {"schema": lk.SCHEMA, "machines": "garbage"},

@@ -11,14 +11,15 @@ bfloat16 it reads half the bytes.
 timing of linear layers cannot see; a user opts in.
 
 `auto` on a CPU: bfloat16 only where torch's oneDNN reports bfloat16 support on this CPU
-(AVX-512 BF16 or AMX; `torch.ops.mkldnn._is_mkldnn_bf16_supported()`, asked at run time, never
-assumed), and only where it is measured faster: per distinct linear shape of the draft's language
-model and LM head, the best of REPEATS calls of `F.linear` on ROWS rows (a one-token step and a small
-drafting level) in float32 and in bfloat16, weighted by how many layers have that shape. bfloat16 is
-chosen when it takes at most MIN_GAIN of float32's time. The measurements are cached on disk per CPU
-model, thread count, torch version and shape (`$LVSPEC_CACHE_DIR/draft_dtype.json`, beside
-linear_kernels.py's cpu_kernels.json), so a run pays for them once. `auto` on an accelerator keeps
-the dtype the models load in (bfloat16 by default there).
+(AVX-512 BF16 or AMX; linear_kernels.bf16_supported, asked at run time, never assumed), and only
+where it is measured faster: per distinct linear shape of the draft's language model and LM head,
+the best of REPEATS calls of `F.linear` on ROWS rows (a one-token step and a small drafting level)
+in float32 and in bfloat16, weighted by how many layers have that shape. bfloat16 is chosen when it
+takes at most MIN_GAIN of float32's time. The measurements are cached on disk per CPU model, thread
+count, torch version and shape (`$LVSPEC_CACHE_DIR/draft_dtype.json`, beside linear_kernels.py's
+cpu_kernels.json, and measured and written under the same lock, `linear_kernels.cache_lock`), so a
+run pays for them once. `auto` on an accelerator keeps the dtype the models load in (bfloat16 by
+default there).
 
 Memory: a bfloat16 draft holds half its float32 weights (the Qwen2.5 0.5B: 0.99 GB instead of
 1.98 GB); measuring holds a bfloat16 copy of one layer per shape for a moment (the 0.5B's LM head,
@@ -55,18 +56,6 @@ class Decision:
 
     def summary(self) -> dict:
         return asdict(self)
-
-
-def bf16_supported(device: torch.device) -> bool:
-    """Whether this device runs bfloat16 matrix products natively (asked of torch, at run time)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # a torch build without the query
-        return False
 
 
 def measure_shape(weight: torch.Tensor) -> dict[str, float]:
@@ -120,18 +109,19 @@ def choose(modules, device: torch.device, load_dtype: torch.dtype, remeasure: bo
         return Decision(name, f"on {device.type} auto keeps the load dtype")
     if load_dtype != torch.float32:
         return Decision(name, "loaded in a reduced precision already")
-    if not bf16_supported(device):
+    if not linear_kernels.bf16_supported(device):
         return Decision("float32", "torch's oneDNN reports no bfloat16 support on this CPU")
-    cache = _load_cache()
-    entry = cache.setdefault(linear_kernels.machine_key(), {})
     decision = Decision("float32", "", 0.0, 0.0)
-    for key, layers in _shape_groups(modules).items():
-        if remeasure or key not in entry:
-            entry[key] = measure_shape(layers[0].weight)
-        decision.shapes[key] = {"layers": len(layers), **entry[key]}
-        decision.float32_ms += len(layers) * entry[key]["float32_ms"]
-        decision.bfloat16_ms += len(layers) * entry[key]["bfloat16_ms"]
-    _save_cache(cache)
+    with linear_kernels.cache_lock():  # one writer of the cache folder at a time, measuring undisturbed
+        cache = _load_cache()
+        entry = cache.setdefault(linear_kernels.machine_key(), {})
+        for key, layers in _shape_groups(modules).items():
+            if remeasure or key not in entry:
+                entry[key] = measure_shape(layers[0].weight)
+            decision.shapes[key] = {"layers": len(layers), **entry[key]}
+            decision.float32_ms += len(layers) * entry[key]["float32_ms"]
+            decision.bfloat16_ms += len(layers) * entry[key]["bfloat16_ms"]
+        _save_cache(cache)
     faster = decision.bfloat16_ms <= MIN_GAIN * decision.float32_ms
     decision.dtype = "bfloat16" if faster else "float32"
     decision.reason = (f"bfloat16 linear layers measured {decision.bfloat16_ms:.2f} ms against float32's "

@@ -16,7 +16,7 @@ machine and thread count, `F.linear` at each row count in ROWS, the same with th
 zeros up to a larger count (free in memory: it borrows a faster point of the library's own curve),
 and a oneDNN prepacked weight (a second copy of the weights, in the library's blocked layout; only
 where memory allows), and keeps, per row count, the fastest by at least MIN_GAIN. The measurements
-are cached on disk per CPU (model name, flags, core count), thread count, torch version, dtype and
+are cached on disk per CPU (model name, flags as backends/host.py reads them, core count), thread count, torch version, dtype and
 shape (`$LVSPEC_CACHE_DIR/cpu_kernels.json`, default ~/.cache/lvspec), so a run pays for them once;
 a cache of another SCHEMA is measured anew, and so is a measurement whose spread says the machine
 was busy while it was taken (LOADED_SPREAD; the calmer measurement is kept).
@@ -42,7 +42,8 @@ CONVERT or AMX; elsewhere torch's reorder raises), and any error while measuring
 leaves that weight on nn.Linear with one warning. Prepacked copies take at most PACK_SHARE of the
 memory available when the first lvspec process of the machine installed them, for all lvspec
 processes together (data-parallel ranks, a benchmark and its neighbour): a ledger in the cache
-folder, under a file lock, holds each live process's prepacked bytes (`Ledger`). Whether a forward
+folder, under a file lock, holds each live process's prepacked bytes (`Ledger`; an entry counts
+only while its process runs: same host, boot and start time). Whether a forward
 is multi-token, one-token opted in or disabled is context-local state (contextvars): a thread's
 forward never sees another's, and nesting cannot leave it on.
 """
@@ -50,10 +51,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import json
 import os
-import platform
 import statistics
 import time
 import warnings
@@ -65,6 +64,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from filelock import FileLock
+
+from . import host
 
 MODES = ("auto", "measure", "torch")  # model_arg cpu_kernels: cached or measured / measured anew / off
 ONE_TOKEN_MODES = ("torch", "engine")  # model_arg one_token_kernels: transformers' own step / the measured kernel
@@ -160,11 +161,18 @@ def _time_ms(fn, repeats: int = REPEATS) -> tuple[float, float]:
     return min(times) * 1e3, statistics.median(times) * 1e3
 
 
-def bf16_supported() -> bool:
-    """Whether torch's oneDNN runs bf16 on this CPU (its reorder raises where it does not)."""
+def bf16_supported(device: torch.device | str = "cpu") -> bool:
+    """Whether `device` runs bfloat16 matrix products natively, asked of torch at run time: on a CPU
+    whether its oneDNN runs bf16 (its reorder raises where it does not; AVX512-BW, AVX-NE-CONVERT or
+    AMX), on CUDA torch.cuda.is_bf16_supported(). The one such check (draft_precision asks it too)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
+    except (AttributeError, RuntimeError):  # a torch build without the query
         return False
 
 
@@ -208,27 +216,11 @@ def cache_file() -> Path:
     return cache_dir() / "cpu_kernels.json"
 
 
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
-    out = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().split("\n"):
-            if not line.strip():
-                break
-            key, _, value = line.partition(":")
-            out[key.strip()] = value.strip()
-    except OSError:
-        pass
-    return out
-
-
 def machine_key() -> str:
     """The CPU as far as kernels care: its model name (generic on virtual machines), a digest of its
     flags (AVX-512, AMX... decide oneDNN's paths), its core count and torch's dispatch level; the
     thread count and torch version."""
-    info = _cpuinfo()
-    cpu = info.get("model name") or platform.processor() or platform.machine()
-    flags = hashlib.sha256(" ".join(sorted(info.get("flags", "").split())).encode()).hexdigest()[:12]
+    cpu, flags = host.cpu_identity()
     capability = torch.backends.cpu.get_cpu_capability()
     return (f"{cpu}|flags={flags}|cores={os.cpu_count()}|isa={capability}|threads={torch.get_num_threads()}"
             f"|torch={torch.__version__}")
@@ -301,39 +293,42 @@ def _own_packed_bytes() -> int:
     return sum(t.nbytes for t in _LIVE_PACKS)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
-
-
 @dataclass
 class Ledger:
     """The prepacked bytes each live lvspec process of the machine holds, and the budget they share:
     PACK_SHARE of the memory available when the first of them installed (reset when none is left).
-    Read and written under a file lock in the cache folder (`ledger()`)."""
+    Read and written under the cache folder's lock (`ledger()`).
+
+    On disk: {"budget", "pids": {pid: bytes}, "owners": {pid: host.process_identity}}. The ledger
+    outlives reboots and may sit on a home that cluster nodes share, and PIDs are reused: an entry
+    counts only while its owner (same host, same boot, same start time) runs (host.is_running), so a
+    stale entry can never hold the budget; one without an owner (written by an older version) is
+    dropped alike."""
 
     budget: int | None = None
     pids: dict[str, int] = field(default_factory=dict)
+    owners: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
     def read(cls, path: Path) -> Ledger:
         try:
             raw = json.loads(path.read_text())
-            pids = {str(p): int(b) for p, b in raw.get("pids", {}).items() if _alive(int(p))}
+            owners = {str(p): o for p, o in raw.get("owners", {}).items() if isinstance(o, dict)}
+            live = {p: o for p, o in owners.items() if o.get("pid") == int(p) and host.is_running(o)}
+            pids = {str(p): int(b) for p, b in raw.get("pids", {}).items() if str(p) in live}
             budget = raw.get("budget") if pids else None  # nobody left holding: measure afresh
-            return cls(None if budget is None else int(budget), pids)
+            return cls(None if budget is None else int(budget), pids, {p: live[p] for p in pids})
         except (OSError, ValueError, TypeError, AttributeError):
             return cls()
+
+    def _hold(self, own: int) -> None:
+        me = str(os.getpid())
+        self.pids[me], self.owners[me] = own, host.process_identity()
 
     def allowance(self, available: int) -> int:
         """Bytes this process may still prepack: the shared budget less what every live process
         (this one included) holds, and never more than PACK_SHARE of what is available now."""
-        self.pids[str(os.getpid())] = _own_packed_bytes()
+        self._hold(_own_packed_bytes())
         if self.budget is None:
             self.budget = int(PACK_SHARE * available)
         return max(0, min(self.budget - sum(self.pids.values()), int(PACK_SHARE * available)))
@@ -341,9 +336,32 @@ class Ledger:
     def record(self) -> None:
         own = _own_packed_bytes()
         if own:
-            self.pids[str(os.getpid())] = own
+            self._hold(own)
         else:
             self.pids.pop(str(os.getpid()), None)
+            self.owners.pop(str(os.getpid()), None)
+
+    def saved(self) -> dict:
+        return {"budget": self.budget, "pids": self.pids, "owners": self.owners}
+
+
+@contextlib.contextmanager
+def cache_lock() -> Iterator[bool]:
+    """The cache folder's lock, held by every writer of its files (the ledger, cpu_kernels.json,
+    draft_precision's draft_dtype.json): one lvspec process measures and writes at a time. Yields
+    False (unlocked) where the folder cannot be written."""
+    path = cache_dir() / "packed_ledger.json.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(path))
+        lock.acquire()
+    except OSError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
 
 
 @contextlib.contextmanager
@@ -352,21 +370,15 @@ def ledger() -> Iterator[Ledger]:
     measurements undisturbed by another's, and the budget read and spent at once). Where the cache
     folder cannot be written, a ledger of this process alone."""
     path = cache_dir() / "packed_ledger.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(path) + ".lock")
-        lock.acquire()
-    except OSError:
-        yield Ledger()
-        return
-    try:
+    with cache_lock() as locked:
+        if not locked:
+            yield Ledger()
+            return
         book = Ledger.read(path)
         yield book
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"budget": book.budget, "pids": book.pids}))
+        tmp.write_text(json.dumps(book.saved()))
         tmp.replace(path)
-    finally:
-        lock.release()
 
 
 def _available_bytes() -> int:

@@ -7,8 +7,9 @@ are medians over samples of the per-sample ratio of per-token decode (end-to-end
 project's one definition of speed, judges.stats.per_token_speedup), with a 95 % distribution-free
 interval (e2e_speedup_ci; e2e_verdict says "no clear difference" when it holds 1.0, "too few
 requests" under 6 samples); e2e_request_speedup and length_ratio (the method's tokens / vanilla's)
-sit beside it for methods whose answers differ; e2e_speedup_total is the ratio of the summed wall
-clocks from request to answer, and
+sit beside it for methods whose answers differ; e2e_speedup_total (decode_speedup_total) is the
+summed figure the report and `check` give too: vanilla's summed seconds per summed generated token over
+the method's (judges.stats.per_token_speedup, docs/TIMING.md), and
 draft_prepare_ms / draft_prepared_share say what the draft's preparation cost per sample and on how
 many samples the draft was prepared at all (draft_prepare=lazy skips it where drafting cannot pay).
 
@@ -134,21 +135,22 @@ def _tokens_per_s(recs: list[dict]) -> float:
     return sum(r["num_new_tokens"] for r in recs) / sum(r["e2e_s"] for r in recs)
 
 
-def _speedups(base_tok: list[dict], per_tok: list[dict]) -> dict:
-    """Per figure (decode, e2e): the median of per-sample ratios of per-token times, its order-statistic
-    interval and verdict (judges.stats.speedup_interval: "no clear difference" when the interval holds
-    1.0, "too few requests" without one)."""
+def _speedups(base: list[dict], recs: list[dict]) -> dict:
+    """Per figure (decode, e2e), as the report gives it (judges.stats.per_token_speedup): the median of
+    per-sample ratios of per-token times, its order-statistic interval and verdict ("no clear
+    difference" when the interval holds 1.0, "too few requests" without one), and the summed figure
+    (<figure>_speedup_total: summed seconds per summed generated token, vanilla's over the method's)."""
     out = {}
-    for key, figure in (("d", "decode"), ("e", "e2e")):
-        s = judge_stats.speedup_interval([b[key] for b in base_tok], [p[key] for p in per_tok])
+    base_tokens, tokens = [b["num_new_tokens"] for b in base], [r["num_new_tokens"] for r in recs]
+    for key, figure in (("decode_s", "decode"), ("e2e_s", "e2e")):
+        s = judge_stats.per_token_speedup([b[key] for b in base], base_tokens, [r[key] for r in recs], tokens)
         out.update({f"{figure}_speedup": s.median if s.n else 0.0, f"{figure}_speedup_ci": [s.lo, s.hi],
-                    f"{figure}_verdict": s.verdict})
+                    f"{figure}_verdict": s.verdict, f"{figure}_speedup_total": s.total})
     return out
 
 
 def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dict]) -> dict:
     """One method's figures; `base` is vanilla's records on the same `samples`."""
-    per_tok, base_tok = _per_token(recs, "d", "e"), _per_token(base, "d", "e")
     steps = sum(r["num_steps"] for r in recs)
     q, qv = _mean_quality(recs), _mean_quality(base)
     lost, right = fact_errors(samples, recs, base)
@@ -157,13 +159,10 @@ def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dic
         "tokens_per_step": 1 + sum(sum(r["accepted_lengths"]) for r in recs) / max(1, steps),
         "decode_tokens_per_s": sum(r["num_new_tokens"] for r in recs) / sum(r["decode_s"] for r in recs),
         "e2e_tokens_per_s": _tokens_per_s(recs),
-        **_speedups(base_tok, per_tok),
-        # wall clock from request to answer, summed over the samples: what a user waits in all
-        "e2e_speedup_total": sum(r["e2e_s"] for r in base) / sum(r["e2e_s"] for r in recs),
+        **_speedups(base, recs),
         # beside the per-token figures: per request, whatever each answer's length, and the length ratio
         "e2e_request_speedup": judge_stats.speedup_interval([b["e2e_s"] for b in base], [r["e2e_s"] for r in recs]).median,
         "length_ratio": sum(r["num_new_tokens"] for r in recs) / max(1, sum(b["num_new_tokens"] for b in base)),
-        "decode_speedup_total": (sum(b["d"] for b in base_tok) / sum(p["d"] for p in per_tok)),
         "exact_match_rate": statistics.fmean(float(r["tokens"] == b["tokens"]) for r, b in zip(recs, base)),
         "draft_step_ms": 1000 * sum(r["draft_s"] for r in recs) / max(1, steps),
         "draft_ms_per_draft": 1000 * sum(r["drafted_draft_s"] for r in recs)
@@ -371,8 +370,7 @@ def over_engine_vanilla(records: dict[str, list[dict]], names: list[str]) -> dic
     """Each method's speedup over the engine's vanilla (one-token steps on the kernel measured fastest,
     linear_kernels.one_token_steps) beside its speedup over transformers' one-token path (`methods`):
     on a CPU the first is what speculation earns alone, the difference what the kernels earn."""
-    base = _per_token(records[ENGINE_VANILLA], "d", "e")
-    return {m: _speedups(base, _per_token(records[m], "d", "e")) for m in names if m != ENGINE_VANILLA}
+    return {m: _speedups(records[ENGINE_VANILLA], records[m]) for m in names if m != ENGINE_VANILLA}
 
 
 def timing_check_run(args: argparse.Namespace, runners: dict, samples: list[dict], target: Backend,

@@ -33,7 +33,7 @@ from ..decoding.loop import make_clock
 from ..decoding.runner import Generation, Runner, VideoInput
 from .args import GenSettings, ModelArgs, read_gen_kwargs
 from .parity import PROMPT_VARIANT_VAR, class_rules, final_answer, prompt_variant, stop_strings, thinking_mode
-from .resume import Resume, machine_settings, request_key, run_settings, video_fingerprint
+from .resume import Resume, load_choices, machine_settings, request_key, run_settings, video_fingerprint
 from .stats_writer import StatsWriter, failure_record, success_record
 from .throughput import Throughput
 from .video import VideoError, load_video
@@ -77,8 +77,9 @@ class _LVSpecModel(lmms):
             kwargs["device"] = f"cuda:{local_rank}"  # one GPU per data-parallel process
         self.runner = Runner(**kwargs)
         # what every record carries, so that a resumed run reuses only records of the same settings
-        self.settings = run_settings(self.args, self.runner.options, machine_settings(
-            self.runner.target, self.runner.draft_backend)) if self.stats else None
+        self.settings = run_settings(self.args, self.runner.options, machine_settings()) if self.stats else None
+        # what the run chose under the machine's load (CPU kernels): recorded, no resume key
+        self.load = load_choices(self.runner.target, self.runner.draft_backend)
         self._key: tuple = (None, None)  # (the request, its request key): the last one computed
         self.resume = None  # the stats file's completed samples, with --use_cache (models/resume.py)
         self._start_resume(use_cache)
@@ -217,8 +218,9 @@ class _LVSpecModel(lmms):
         return self._key[1]
 
     def _provenance(self, info: RequestInfo) -> dict:
-        """What a resumed run checks before reusing the record: the run's settings and the request."""
-        return {"settings": self.settings, "request": self._request_key(info)}
+        """What a resumed run checks before reusing the record (the run's settings and the request),
+        and what the run chose under its load (`load`: not checked, reported)."""
+        return {"settings": self.settings, "request": self._request_key(info), "load": self.load}
 
     def _record(self, info: RequestInfo, generation: Generation, settings: GenSettings, max_new: int) -> None:
         if self.stats is None:

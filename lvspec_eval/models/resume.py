@@ -15,9 +15,14 @@ A record is reused only if it was made under the same settings (`run_settings`: 
 verifier, tree and every decoding option, dtype, frames, the checkpoints and their weights' finger-
 prints), for the same request (`request_key`: the text, the generation kwargs, each video file's
 name, size and head-and-tail digest, and the rule that picks its frames) and on the same machine
-(`machine_settings`: CPU model and flags, cores, threads, GPUs, torch and transformers versions, and
-a fingerprint of the CPU kernel choices in force); anything else is an error naming what differs, never
-a silent reuse. Records of another machine are reused only with model_arg resume_any_machine=true
+(`machine_settings`: CPU model and flags, cores, threads, GPUs, torch and transformers versions);
+anything else is an error naming what differs, never a silent reuse. What a run chose under its load
+(`load_choices`: the CPU kernel per weight shape and row count, the prepacked copies' size) is no
+resume key: those choices depend on the memory free and on the other lvspec processes' share of the
+kernel budget (backends/linear_kernels.py), and on whether a measurement was re-taken on a busy
+machine, so the same machine under another load (a neighbour holding the budget, the second rank of a
+`torchrun` run) chooses otherwise. Each record carries them (`load`), and the report says where a
+run's records ran under more than one (reporting/rows.py `note_load_choices`). Records of another machine are reused only with model_arg resume_any_machine=true
 (their timings do not compare with this machine's, and a tree method's tokens can differ at a
 near-tie under other kernels); the report then flags the run as timed on more than one machine.
 A failed sample's record (error set) is served like any other: its empty answer again,
@@ -34,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 from dataclasses import asdict
 from pathlib import Path
 
@@ -44,13 +48,16 @@ import transformers
 from loguru import logger
 
 from .. import jsonl
+from ..backends import host
 from ..backends.loading import DEMO_NAMES
 from .args import ModelArgs
 from .stats_writer import read_lines
 
 # model_args that do not change what a sample decodes (where records go, what a device error does)
 NOT_SETTINGS = ("stats_path", "on_device_error", "batch_size", "max_batch_size", "resume_any_machine", "warmup")
-MACHINE_PREFIXES = ("machine.", "kernels.")  # settings that say where a record was made, not what it asked
+MACHINE_PREFIXES = ("machine.",)  # settings that say where a record was made, not what it asked
+# what a run chose under its load: no resume key (records of older versions carry kernels.* in settings)
+LOAD_PREFIXES = ("kernels.", "packed_mb.")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 MAX_SHOWN = 8  # differing settings named in the error, these first:
 FIRST_SHOWN = ("method", "drafter", "verifier", "pretrained", "draft", "weights.pretrained", "weights.draft", "dtype")
@@ -121,33 +128,28 @@ def request_key(context: str, gen_kwargs: dict | None, videos: tuple[str, ...] =
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
 
 
-def machine_settings(target=None, draft=None) -> dict:
-    """Where records are made, flat (`machine.*`, `kernels.*`): the CPU's model, a digest of its flags
-    and its core count, torch's thread count, every visible GPU's name and compute capability, the
-    torch and transformers versions, and a fingerprint of the CPU kernel choices each loaded backend
-    runs (backends/linear_kernels.py; None: nn.Linear throughout)."""
-    cpu, flags = cpu_identity()
+def machine_settings() -> dict:
+    """Where records are made, flat (`machine.*`): the CPU's model, a digest of its flags (backends/
+    host.py) and its core count, torch's thread count, every visible GPU's name and compute
+    capability, the torch and transformers versions. Nothing that depends on the machine's load."""
+    cpu, flags = host.cpu_identity()
     gpus = [f"{torch.cuda.get_device_name(i)} (sm {'.'.join(map(str, torch.cuda.get_device_capability(i)))})"
             for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     return {"machine.cpu": cpu, "machine.cpu_flags": flags, "machine.cores": os.cpu_count(),
             "machine.threads": torch.get_num_threads(), "machine.gpus": ", ".join(gpus) or None,
-            "machine.torch": torch.__version__, "machine.transformers": transformers.__version__,
-            "kernels.pretrained": kernel_fingerprint(target), "kernels.draft": kernel_fingerprint(draft)}
+            "machine.torch": torch.__version__, "machine.transformers": transformers.__version__}
 
 
-def cpu_identity() -> tuple[str, str | None]:
-    """(the CPU's model name, a short digest of its feature flags) from /proc/cpuinfo where there is one."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    fields: dict[str, str] = {}
-    for line in lines:
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())  # the first processor's
-    flags = fields.get("flags") or fields.get("Features")  # x86 / arm
-    return (fields.get("model name") or platform.processor() or platform.machine(),
-            hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:12] if flags else None)
+def load_choices(target=None, draft=None) -> dict:
+    """What this run chose under the machine's load, per loaded backend (`pretrained`, `draft`): a
+    fingerprint of its CPU kernel choices (`kernels.*`, kernel_fingerprint) and the MiB of prepacked
+    copies it holds (`packed_mb.*`; 0 where none fit the allowance). Recorded, never a resume key."""
+    out = {}
+    for name, backend in (("pretrained", target), ("draft", draft)):
+        report = getattr(backend, "kernels", None)
+        out[f"kernels.{name}"] = kernel_fingerprint(backend)
+        out[f"packed_mb.{name}"] = None if report is None else round(report.packed_mb, 1)
+    return out
 
 
 def kernel_fingerprint(backend) -> str | None:
@@ -198,8 +200,11 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
 
 def check_settings(record: dict, settings: dict, where: str, any_machine: bool = False) -> None:
     """ResumeMismatch naming every setting in which `record` differs from this run; a record made on
-    another machine (MACHINE_PREFIXES) passes only with `any_machine` (model_arg resume_any_machine)."""
+    another machine (MACHINE_PREFIXES) passes only with `any_machine` (model_arg resume_any_machine).
+    The load's choices (LOAD_PREFIXES) that an older version kept among the settings are not compared."""
     theirs = record.get("settings")
+    if theirs is not None:  # an older version's record: its load's choices were among its settings
+        theirs = {k: v for k, v in theirs.items() if not k.startswith(LOAD_PREFIXES)}
     what = f"{where} (task {record.get('task')} doc {record.get('doc_id')})"
     if theirs is None:
         raise ResumeMismatch(f"{what} carries no settings (written by an older lvspec-eval): it cannot be checked, so "

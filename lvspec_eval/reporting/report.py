@@ -88,7 +88,12 @@ from lvspec_eval.reporting import plots as report_plots
 from lvspec_eval.reporting.divergence import divergence_summary  # noqa: F401  (for `check` and callers holding records)
 from lvspec_eval.reporting.options import ReportOptions, make_options
 from lvspec_eval.reporting.quality import score_value  # noqa: F401  (public name)
-from lvspec_eval.reporting.rows import build_rows, task_order, warn_machines  # noqa: F401  (public names)
+from lvspec_eval.reporting.rows import (  # noqa: F401  (public names)
+    build_rows,
+    note_load_choices,
+    task_order,
+    warn_machines,
+)
 from lvspec_eval.reporting.runs import (  # noqa: F401  (the report's public names: callers and tests use them)
     LOSSLESS_METHODS,
     TaskRun,

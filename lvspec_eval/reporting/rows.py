@@ -78,6 +78,7 @@ def build_rows(runs: dict[tuple[str, str], TaskRun], opts: ReportOptions) -> lis
         found = ", ".join(methods) or "none"
         raise ValueError(f"no run with method={opts.baseline} (the baseline); runs found: {found}")
     warn_machines(runs)
+    note_load_choices(runs)
     tasks = task_order({t for t, _ in runs}, opts.length_tasks)
     for task in sorted(set(opts.metrics) - set(tasks)):
         log.warning("--metric names task %s, which no run has (tasks: %s)", task, ", ".join(tasks))
@@ -106,3 +107,17 @@ def warn_machines(runs: dict[tuple[str, str], TaskRun]) -> None:
         where = "; ".join(f"{', '.join(dict(m).get(k, '?') for k in ('machine.cpu', 'machine.threads'))}: "
                           f"{', '.join(names[:4])}" for m, names in machines.items())
         log.warning("the records come from %d machines (%s): their times do not compare", len(machines), where)
+
+
+def note_load_choices(runs: dict[tuple[str, str], TaskRun]) -> None:
+    """Warn where one run's records ran under more than one set of CPU kernel choices (each record's
+    `load`, models/resume.py load_choices: what the run chose under the machine's load, e.g. its
+    prepacked copies dropped while another process held the kernel budget, then resumed): the same
+    machine, but its timings mix two kernel plans."""
+    for run in runs.values():
+        plans = {tuple(sorted((k, str(v)) for k, v in (r.get("load") or {}).items() if k.startswith("kernels.")))
+                 for r in run.stats.values()} - {()}
+        if len(plans) > 1:
+            log.warning("%s/%s: its records ran under %d kernel choices (the machine's load at the time: prepacked "
+                        "kernels dropped where the memory allowance was short); their timings mix them",
+                        run.method, run.task, len(plans))
