@@ -145,7 +145,15 @@ def test_int8_layers_compute_the_rounded_weights_and_free_the_float_ones():
     assert ((deq - w0).abs().amax(1) <= w0.abs().amax(1) / 127 / 2 + 1e-6).all()
     got = model(x)
     assert got.shape == want.shape and got.dtype == torch.float32
-    assert torch.allclose(got, want, atol=0.05 * want.abs().max().item()), (got - want).abs().max()
+    # each layer within what rounding its weights and (dynamically) its input can move it; the kernel
+    # (fbgemm, oneDNN; 7- or 8-bit activations) differs between CPUs, so the bound allows 7 bits
+    hidden = model[1](first(x))
+    for layer, inputs in ((first, x), (last, hidden)):
+        exact = torch.nn.functional.linear(inputs, layer.dequantized())
+        step = (inputs.amax() - inputs.amin().clamp(max=0)) / 127
+        bound = step / 2 * layer.dequantized().abs().sum(1) + 1e-5
+        out = layer(inputs) - (layer.bias if layer.bias is not None else 0)
+        assert ((out - exact).abs() <= bound).all(), ((out - exact).abs() - bound).max()
     assert not torch.equal(got, want)  # int8 products, not the float layer
     assert model(x[None]).shape == (1, 5, 32)  # any leading shape
 

@@ -20,6 +20,7 @@ the embedding's storage).
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -45,6 +46,27 @@ def quantize_weight(weight: torch.Tensor) -> torch.Tensor:
         return torch.quantize_per_channel(w, scales, zero_points, 0, torch.qint8)
 
 
+@functools.cache
+def reduce_range() -> bool:
+    """Whether the dynamic int8 linear must quantize its input to 7 bits on this CPU (measured once).
+
+    x86 kernels without VNNI multiply u8 x s8 pairs with an instruction that adds two products into a
+    saturating int16 (AVX2's vpmaddubsw): with 8-bit activations the sums overflow and the output is
+    wrong by far more than rounding (seen on an AMD EPYC with AVX2 only; tests/test_draft_precision.py).
+    With VNNI (or AMX, or Arm) 8 bits are exact up to rounding. Which
+    one this CPU runs is measured, not read from its flags: a probe layer whose every pair of products
+    overflows int16, 8 bits kept where its output is within 1 % of the exact product.
+    """
+    # large inputs times full-scale weights of one sign: every pair of products overflows int16 in a
+    # kernel that saturates, and costs only rounding (well under 1 %) in one that does not
+    x = torch.linspace(0.5, 1.0, 256).repeat(4, 1)
+    w = torch.ones(16, 256) * torch.linspace(0.5, 1.0, 16)[:, None]
+    packed = torch.ops.quantized.linear_prepack(quantize_weight(w), None)
+    exact = torch.nn.functional.linear(x, torch.ops.quantized.linear_unpack(packed)[0].dequantize())
+    error = (torch.ops.quantized.linear_dynamic(x, packed, False) - exact).abs() / exact.abs()
+    return bool(error.max() > 0.01)
+
+
 class Int8Linear(torch.nn.Module):
     """An `nn.Linear` run in int8: the same input and output shapes and float dtype.
 
@@ -64,7 +86,8 @@ class Int8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        out = torch.ops.quantized.linear_dynamic(x.reshape(rows, self.in_features).float(), self.packed, False)
+        out = torch.ops.quantized.linear_dynamic(x.reshape(rows, self.in_features).float(), self.packed,
+                                                 reduce_range())
         return out.to(self.out_dtype).reshape(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
