@@ -17,8 +17,17 @@ import torch
 
 from lvspec_eval.decoding.policy import AdaptivePolicy
 from lvspec_eval.decoding.tree import dynamic_shape
-from lvspec_eval.measure.policy_replay import (NUM_RANKS, CostCurve, Recording, ReplayDraft, accepted_path,
-                                               best_fixed, fixed_step, grow, policy_rate)
+from lvspec_eval.measure.policy_replay import (
+    NUM_RANKS,
+    CostCurve,
+    Recording,
+    ReplayDraft,
+    accepted_path,
+    best_fixed,
+    fixed_step,
+    grow,
+    policy_rate,
+)
 
 CURVE = CostCurve(((1, .271), (2, .306), (4, .351), (8, .421), (16, .513)), draft_level=0.035, draft_node=0.002)
 

@@ -7,12 +7,13 @@ NUM_RANKS: not among the draft's NUM_RANKS best) and the draft's probabilities o
 that starts with t tokens committed drafts its path along positions t, t+1, ...: the recording
 answers every shape's acceptance at every step.
 
-The replayed tree of a plan (depth D, width w) is the spine tree: at each level the w best children
-of the level above's spine node (the node on the target's path while the draft's rank there is
-below w, else its best child): w D nodes, as search.py prices a plan. A node's draft probability is
-the recording's at its position and rank. Steps cost what a `CostCurve` says. The rate of a run is
-tokens committed over seconds spent, over all its answers (decode only: prefill is the same for
-every shape).
+The replayed draft (ReplayDraft) answers each position with the recorded probabilities (every node at
+a position reads the same row: what the draft says off the target's path is not recorded), and the
+drafters' own Grower grows the tree of a shape from it, so the policy's node values and node choice
+run as in a real step; the target's path through it is accepted. A fixed shape's steps are replayed
+on plain floats (`fixed_step`, held equal to the Grower by the test). Steps cost what a `CostCurve`
+says. The rate of a run is tokens committed over seconds spent, over all its answers (decode only:
+prefill is the same for every shape).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ..decoding.drafters.growth import Grower
-from ..decoding.tree import Shape, dynamic_shape
+from ..decoding.tree import Shape
 from ..decoding.types import Draft, HostView, StepStats, Verdict
 
 NUM_RANKS = 8  # ranks recorded per position; a target token beyond them is recorded as NUM_RANKS
