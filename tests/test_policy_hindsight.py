@@ -6,11 +6,14 @@ probabilities (measure/policy_replay.py). Replayed under the real pair's measure
 rate is known in hindsight; the policy, run once over a set's prompts as in one bench run, must
 reach at least 0.97 of the best of them. The sets are synthetic draft/target agreement processes
 (seeded): one built to favour chains (high, steady acceptance), one in between (good top-2), and
-one built to favour wide trees (low top-1 acceptance, good top-2/3).
+one built to favour wide trees (low top-1 acceptance, good top-2/3); and the recorded sets of
+tests/fixtures/policy_recordings.json (scripts/record_draft_ranks.py: the real pair on the builtin
+prompts, the set the policy is tuned on; never the held-out set).
 """
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +29,7 @@ from lvspec_eval.measure.policy_replay import (
     best_fixed,
     fixed_step,
     grow,
+    load_recordings,
     policy_rate,
 )
 
@@ -67,6 +71,11 @@ SETS = {
     "between": lambda: synthetic(3, [0.75, 0.1, 0.04], _confident),
     "wide": lambda: synthetic(4, [0.5, 0.3, 0.1], _broad),
 }
+
+
+RECORDED = Path(__file__).parent / "fixtures" / "policy_recordings.json"
+for _name, _recs in (load_recordings(RECORDED) if RECORDED.is_file() else {}).items():
+    SETS[_name] = lambda recs=_recs: recs
 
 
 def _policy() -> AdaptivePolicy:
