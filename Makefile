@@ -62,5 +62,12 @@ build-demo: $(STAMP)
 bench-realpair: $(STAMP)
 	bash scripts/bench_realpair.sh
 
+# Issue 53's figures on an idle machine: the real pair on the held-out prompt set (never tuned on),
+# 96 new tokens, int8 draft, one process: vanilla, sd_tree tree=adaptive, fixed chains, generate()
+# and every assisted setting; about 25 minutes (scripts/bench_policy_heldout.py). Not part of `make test`.
+.PHONY: bench-policy-heldout
+bench-policy-heldout: $(STAMP)
+	$(VENV)/bin/python scripts/bench_policy_heldout.py bench
+
 clean:
 	rm -rf .cache/gate .pytest_cache

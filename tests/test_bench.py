@@ -110,6 +110,41 @@ def test_prompt_files_plain_and_jsonl(tmp_path):
     assert bench.quality(samples[0], "anything") is None
 
 
+def test_named_prompt_sets_builtin_and_heldout():
+    """--prompts names the shipped sets: builtin (tuned on) and heldout (never tuned on), apart."""
+    assert {"builtin", "heldout"} <= set(bench_prompts.set_names())
+    heldout = bench_prompts.load("heldout")
+    assert len(heldout) >= 6 and not set(heldout) & set(bench_prompts.load("builtin"))
+    with pytest.raises(ValueError, match="expected one of builtin, heldout"):
+        bench_prompts.load("held-out")
+
+
+def test_assisted_variants_run_on_the_same_draft_and_the_best_is_reported(tmp_path):
+    """--hf-assisted-variants all: one row per transformers setting, all on our draft object, each
+    identical to vanilla; the settings apply only during the row's call; best_assisted is the fastest."""
+    seen = []
+    real = bench.HFGenerate._generate
+
+    def spy(self, *a):
+        config = self.assistant.model.generation_config if self.assistant is not None else None
+        seen.append((id(self.assistant), None if config is None else config.num_assistant_tokens_schedule))
+        return real(self, *a)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench.HFGenerate, "_generate", spy)
+        result = bench.run(_bench_args(tmp_path, "--target", "demo", "--draft", "demo-draft", "--methods",
+                                       "vanilla,sd_tree", "--prompts", "builtin", "--limit", "1", "--hf-assisted",
+                                       "--hf-assisted-variants", "all"))
+    want = {"hf_assisted", *(f"hf_assisted:{v}" for v in bench.HF_ASSISTED_VARIANTS)}
+    assert set(result["hf"]) == want and all(r["exact_match_rate"] == 1.0 for r in result["hf"].values())
+    assert len({a for a, _ in seen}) == 1  # one assistant object for every row
+    assert {s for _, s in seen} >= {"heuristic", "heuristic_transient", "constant"}
+    best = result["best_assisted"]
+    assert best["tokens_per_s"] == max(result["hf"][n]["tokens_per_s"] for n in want)
+    with pytest.raises(ValueError, match="--hf-assisted-variants fast"):
+        bench.assistant_variants("heuristic,fast")
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "no such file"),
     ("\n  \n", "holds no prompts"),

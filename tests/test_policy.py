@@ -221,7 +221,7 @@ def test_best_plan_is_the_formula_maximised_over_every_depth_and_width(seed):
         expected = 1.0 + min(max(policy.remaining() - 1.0, 0.0),
                              policy._correction() * policy._model_accepted(c, depth))
         cost = policy.draft.predict([1, depth - 1, width * (depth - 1)]) \
-            + policy.verify.predict([1, 1 + min(width * depth, policy.max_nodes)])
+            + policy.costs.verify_cost(1 + min(width * depth, policy.max_nodes))
         return expected / cost
 
     want = max((rate(d, w), d, w) for w in policy.widths for d in range(1, policy._deepest(w) + 1))
@@ -319,7 +319,7 @@ def test_the_preparation_cost_scales_with_the_requests_prefill_and_is_probed_aga
 # ---- guards: plans grow from measured costs; a slowed machine makes it back off ----------------------
 def test_plans_grow_step_by_step_from_what_was_measured():
     """Right after warm-up the fits extrapolate: a cheap first verification made depth-10, 60-node trees
-    look free. A plan may verify at most GROWTH x the most tokens verified before, one level deeper."""
+    look free. A plan may verify at most GROWTH x the most tokens verified before, GROWTH x as deep."""
     from lvspec_eval.decoding import policy as policy_module
 
     policy = make_policy()
@@ -332,7 +332,7 @@ def test_plans_grow_step_by_step_from_what_was_measured():
         depth, width = plan.get("depth", 0), plan.get("width", 0)
         # what the plan verifies once choose_total has trimmed the grown tree (simulate verifies it all)
         assert 1 + width * depth <= policy_module.GROWTH * max(seen_tokens, 2), (depth, width, seen_tokens)
-        assert depth <= seen_levels + 1, (depth, seen_levels)
+        assert depth <= max(policy_module.GROWTH * seen_levels, seen_levels + 1), (depth, seen_levels)
         seen_tokens = max(seen_tokens, num_pending + step.num_draft_nodes)
         seen_levels = max(seen_levels, depth)
         orig(step, view, verdict, num_pending)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,12 +13,14 @@ from lvspec_eval.decoding.policy import (
     CHEAP_SHARE,
     EXPLORE_EVERY,
     GROWTH,
+    PLAIN_SPACING,
     PREPARE_PROBE,
     REFRESH_EVERY,
     SURPRISES,
     AcceptanceModel,
     AnswerLength,
     CostModel,
+    OnlineLinear,
     Preparation,
     Regime,
     Schedule,
@@ -48,10 +51,27 @@ def test_cost_model_plain_step_is_a_median_and_fits_start_from_the_first_draftin
     assert costs.predict(1, 0, 0) == pytest.approx(1.2)
 
 
+def test_verify_cost_is_read_from_what_each_size_measured_along_log_tokens():
+    """The real pair's concave curve (1 token 271 ms, 2 306, 4 351, 8 421, 16 513): a straight line
+    through the 8- and 16-token verifications prices a 3-token one 6 % too dear; the table does not."""
+    costs = CostModel()
+    costs.observe(1, 0, 0, 0.0, 0.271)
+    for tokens, seconds in ((2, 0.306), (4, 0.351), (8, 0.421), (16, 0.513)):
+        costs.observe(tokens, 1, 0, 0.0, seconds)
+    assert costs.verify_cost(4) == pytest.approx(0.351)
+    assert costs.verify_cost(3) == pytest.approx(0.306 + 0.045 * math.log(1.5) / math.log(2))
+    assert 0.421 < costs.verify_cost(12) < 0.513 and costs.verify_cost(32) > 0.513  # past: the line's slope
+    line = OnlineLinear(2, prior_weight=1e-9)
+    line.prior = np.array([0.0, 0.0])
+    for tokens, seconds in ((8, 0.421), (16, 0.513)):
+        line.add([1, tokens], seconds)
+    assert line.predict([1, 3]) > 1.05 * costs.verify_cost(3)
+
+
 def test_cost_model_grows_plans_from_what_was_measured_and_forgets():
     costs = CostModel()
     costs.observe(4, 3, 2, 0.6, 1.5)
-    assert costs.deepest(1, 12) == min(3 + 1, GROWTH * 4 - 1)  # one level deeper than measured
+    assert costs.deepest(1, 12) == min(GROWTH * 3, GROWTH * 4 - 1)  # GROWTH x the depth measured
     assert costs.deepest(4, 12) == (GROWTH * 4 - 1) // 4  # GROWTH x the tokens verified, spread over 4
     assert costs.verify_cap(64) == GROWTH * 4 - 1
     costs.forget()
@@ -104,11 +124,12 @@ def test_node_value_reads_the_calibration_table():
 
 # ---- search ----------------------------------------------------------------------------------------------
 def test_best_plan_is_the_formula_maximised():
-    draft, verify = [0.4, 0.4, 0.0], [1.0, 0.07]  # a draft level 40 % of a step; 7 % a verified token
+    draft = [0.4, 0.4, 0.0]  # a draft level 40 % of a step; 7 % a verified token
+    verify = [1.0 + 0.07 * t for t in range(66)]
     accept, deepest = {1: 0.9, 2: 0.93}, {1: 12, 2: 6}
 
     def rate(depth, width):
-        cost = draft[0] + draft[1] * (depth - 1) + verify[0] + verify[1] * (1 + width * depth)
+        cost = draft[0] + draft[1] * (depth - 1) + verify[1 + width * depth]
         return (1 + model_accepted(accept[width], depth)) / cost
 
     want = max((rate(d, w), d, w) for w in accept for d in range(1, deepest[w] + 1))
@@ -132,7 +153,7 @@ def test_neighbour_widths():
 
 
 # ---- schedule ----------------------------------------------------------------------------------------------
-def test_plain_steps_come_after_2_4_8_drafting_steps_up_to_refresh_every():
+def test_plain_steps_come_after_plain_spacing_then_refresh_every_drafting_steps():
     schedule = Schedule()
     schedule.plain_measured()
     plain_at, step = [], 0
@@ -144,7 +165,7 @@ def test_plain_steps_come_after_2_4_8_drafting_steps_up_to_refresh_every():
         else:
             schedule.drafts(True)
     gaps = [b - a - 1 for a, b in zip([0] + plain_at, plain_at)]
-    assert gaps[:5] == [2, 4, 8, 16, 32] and set(gaps[5:]) == {REFRESH_EVERY}
+    assert gaps[0] == PLAIN_SPACING and set(gaps[1:]) == {REFRESH_EVERY}
 
 
 def test_probes_back_off_and_each_request_probes_at_once():

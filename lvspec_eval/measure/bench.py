@@ -29,6 +29,7 @@ assistant beside it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -208,6 +209,22 @@ def run_methods(runners: dict, samples: list[dict], max_new_tokens: int) -> dict
 
 
 HF_NAMES = ("hf_generate", "hf_assisted")  # --hf-baseline, --hf-assisted
+# --hf-assisted-variants: transformers' own settings of its assistant (generation config keys read by
+# its AssistedCandidateGenerator), one row hf_assisted:<name> each. heuristic: the draft length +2
+# after a fully accepted step, -1 otherwise, kept across calls (transient: reset per call), from 5
+# tokens as transformers 4 began; constant: 20 tokens, no confidence stop; confidence: 20 tokens,
+# stopped where the assistant's probability falls below a threshold it tunes (from 0.4), transformers
+# 5's defaults made explicit
+HF_ASSISTED_VARIANTS = {
+    "heuristic": {"num_assistant_tokens_schedule": "heuristic", "num_assistant_tokens": 5,
+                  "assistant_confidence_threshold": 0.0},
+    "heuristic_transient": {"num_assistant_tokens_schedule": "heuristic_transient", "num_assistant_tokens": 5,
+                            "assistant_confidence_threshold": 0.0},
+    "constant": {"num_assistant_tokens_schedule": "constant", "num_assistant_tokens": 20,
+                 "assistant_confidence_threshold": 0.0},
+    "confidence": {"num_assistant_tokens_schedule": "constant", "num_assistant_tokens": 20,
+                   "assistant_confidence_threshold": 0.4},
+}
 
 
 class HFGenerate:
@@ -220,15 +237,37 @@ class HFGenerate:
     its decode alone, so only end-to-end rates compare.
     """
 
-    def __init__(self, target: Backend, assistant: Backend | None = None):
+    def __init__(self, target: Backend, assistant: Backend | None = None, settings: dict | None = None):
         self.target, self.assistant = target, assistant
+        # the assistant's generation-config settings this row runs with (HF_ASSISTED_VARIANTS; None:
+        # as the assistant's config has them); what transformers updates in them between calls (a
+        # heuristic's draft length, a tuned threshold) stays this row's, not the shared draft's
+        self.settings = None if settings is None else dict(settings)
 
     @torch.no_grad()
     def generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int) -> Generation:
         # as our methods' requests are timed (runner.paused_gc); transformers' own kernels throughout
         # (a reused draft's layers otherwise take our measured one-row kernels)
-        with paused_gc(), linear_kernels.disabled():
+        with paused_gc(), linear_kernels.disabled(), self._assistant_settings():
             return self._generate(prompt, videos, max_new_tokens)
+
+    @contextlib.contextmanager
+    def _assistant_settings(self):
+        """The row's settings in the shared assistant's generation config for one call, then the
+        config as it was (what the call changed in them kept for the row's next call)."""
+        if self.settings is None or self.assistant is None:
+            yield
+            return
+        config = self.assistant.model.generation_config
+        saved = {k: getattr(config, k, None) for k in self.settings}
+        try:
+            for k, v in self.settings.items():
+                setattr(config, k, v)
+            yield
+        finally:
+            self.settings = {k: getattr(config, k, None) for k in self.settings}
+            for k, v in saved.items():
+                setattr(config, k, v)
 
     def _generate(self, prompt: str, videos: list[VideoInput], max_new_tokens: int) -> Generation:
         be = self.target
@@ -323,6 +362,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.hf_assisted and args.draft in (None, "self"):
         raise ValueError(f"--hf-assisted needs a draft model to assist with (--draft), got {args.draft!r}")
     check_assistant_dtypes(args.hf_assistant_dtype)
+    assistant_variants(getattr(args, "hf_assisted_variants", ""))
     torch.set_num_threads(args.threads)
     load = dict(device=args.device, dtype=args.dtype, cpu_kernels=args.cpu_kernels)
     # --engine-vanilla: the one-row kernels installed too, taken only by the vanilla_engine arm's steps
@@ -356,6 +396,8 @@ def run(args: argparse.Namespace) -> dict:
         result["over_engine_vanilla"] = over_engine_vanilla(records, list(runners))
     if "hf_generate" in result["hf"]:
         result["vanilla_vs_hf_generate"] = result["hf"]["hf_generate"]["ours_ratio"]["vanilla"]
+    if (best := best_assisted(result["hf"])) is not None:
+        result["best_assisted"] = best
     if args.records:
         Path(args.records).parent.mkdir(parents=True, exist_ok=True)
         Path(args.records).write_text("\n".join(json.dumps({"method": m, **r}, default=str)
@@ -407,8 +449,32 @@ def hf_runners(args: argparse.Namespace, target: Backend, draft: Backend | None)
         # a copy in `dtype` (int8: draft_int8's layers, as our draft runs them), full vocabulary,
         # transformers' own kernels (load_draft installs none without cpu_kernels)
         assistant = draft if reuse else load_draft(args.draft, dtype, device=args.device)
-        out["hf_assisted" if dtype == ours else f"hf_assisted_{dtype}"] = HFGenerate(target, assistant=assistant)
+        name = "hf_assisted" if dtype == ours else f"hf_assisted_{dtype}"
+        out[name] = HFGenerate(target, assistant=assistant)
+        if dtype == ours:  # transformers' own settings of the same assistant (same object, same precision)
+            for variant in assistant_variants(args.hf_assisted_variants):
+                out[f"hf_assisted:{variant}"] = HFGenerate(target, assistant, HF_ASSISTED_VARIANTS[variant])
     return out
+
+
+def assistant_variants(value: str) -> list[str]:
+    """--hf-assisted-variants: '' (none), 'all', or a comma-separated list of HF_ASSISTED_VARIANTS."""
+    names = list(HF_ASSISTED_VARIANTS) if value == "all" else [v for v in value.split(",") if v]
+    bad = [v for v in names if v not in HF_ASSISTED_VARIANTS]
+    if bad:
+        raise ValueError(f"--hf-assisted-variants {','.join(bad)}: expected 'all' or a comma-separated list of "
+                         f"{', '.join(HF_ASSISTED_VARIANTS)}")
+    return names
+
+
+def best_assisted(hf: dict) -> dict | None:
+    """The fastest of transformers' assisted rows (the one called "assisted" where they compete),
+    with each of our methods' rate over it; None without assisted rows."""
+    rows = {n: r for n, r in hf.items() if n.startswith("hf_assisted")}
+    if not rows:
+        return None
+    name = max(rows, key=lambda n: rows[n]["tokens_per_s"])
+    return {"row": name, "tokens_per_s": rows[name]["tokens_per_s"], "ours_ratio": rows[name]["ours_ratio"]}
 
 
 def check_assistant_dtypes(value: str) -> None:
@@ -472,6 +538,10 @@ def _main(args: argparse.Namespace) -> int:
     for m, row in result.get("over_engine_vanilla", {}).items():
         print(f"{m} over {ENGINE_VANILLA}: decode {row['decode_speedup']:.3f}x, e2e {row['e2e_speedup']:.3f}x "
               f"{_cell(row['e2e_speedup_ci'])} ({row['e2e_verdict']})")
+    if "best_assisted" in result:
+        best = result["best_assisted"]
+        print(f"best assisted: {best['row']} ({best['tokens_per_s']:.3f} tokens/s); ours over it: "
+              + ", ".join(f"{m} {r:.3f}x" for m, r in best["ours_ratio"].items()))
     if "vanilla_vs_hf_generate" in result:
         print(f"vanilla loop vs transformers generate(): {result['vanilla_vs_hf_generate']:.3f}x tokens/s")
     return 0
@@ -487,7 +557,8 @@ def register(sub) -> None:
     p.add_argument("--task", default="synthvid_caption", help=f"one of {', '.join(TASKS)}")
     p.add_argument("--prompts", default=None,
                    help="text-only prompts instead of the task's videos: 'builtin' (coding and explanation "
-                        "requests) or a file (one prompt per line, or JSONL with a 'prompt' field)")
+                        "requests, the set the adaptive policy is tuned on), 'heldout' (code, prose, question "
+                        "answering: never tuned on; headline figures come from it) or a file (one prompt per line, or JSONL with a 'prompt' field)")
     p.add_argument("--limit", type=int, default=10, help="number of samples")
     p.add_argument("--frames", type=int, default=None, help="override the task's frame count (video length)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -506,6 +577,10 @@ def register(sub) -> None:
     p.add_argument("--hf-assistant-dtype", default="same",
                    help="with --hf-assisted: the assistant's precision, comma-separated for several rows: same (the "
                         "draft as our methods run it, the default), float32, bfloat16, float16")
+    p.add_argument("--hf-assisted-variants", default="",
+                   help="with --hf-assisted: also transformers' own assistant settings on the same draft, one row "
+                        f"hf_assisted:<name> each: 'all' or a comma-separated list of {', '.join(HF_ASSISTED_VARIANTS)}; "
+                        "the fastest assisted row is reported as best_assisted")
     p.add_argument("--records", default=None, help="write per-sample records (JSONL) here")
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--cpu-kernels", default="auto", choices=linear_kernels.MODES,

@@ -6,8 +6,9 @@ decoding. Both sides depend on the pair and the hardware: on a CPU a 17-node ver
 1.5B target, the demo's draft an eighth. So the policy measures, per run and on the device in use,
 and decides from that. Its parts, one job each (each module says how it works):
 
-- fits.py         the cost model: the plain step, verify(t) = a + b t, draft(L, F) = r + c L + e F,
-                  and how far plans may grow past what was measured (GROWTH);
+- fits.py         the cost model: the plain step, verify(t) as measured per token count (read along
+                  log t between counts), draft(L, F) = r + c L + e F, and how far plans may grow past
+                  what was measured (GROWTH);
 - acceptance.py   the acceptance model: per width the chance c_w of going one level deeper, the
                   realised-over-model correction k, the calibration f(q) of the draft's probabilities;
 - search.py       the plan search: the (depth, width) of the highest expected rate, the nodes to verify;
@@ -33,14 +34,14 @@ from ..tree import Shape, dynamic_shape  # names callers have used as the policy
 from .acceptance import NUM_BINS, AcceptanceModel, Calibration, Rate, model_accepted
 from .adaptive import AdaptivePolicy
 from .answer import AnswerLength
-from .fits import GROWTH, CostModel, OnlineLinear
+from .fits import GROWTH, CostModel, CostTable, OnlineLinear
 from .gate import DraftGate
 from .preparation import CHEAP_SHARE, PREPARE_PROBE, RECENT, Preparation
 from .regime import RECENT_STEPS, SURPRISE, SURPRISES, Regime
-from .schedule import EXPLORE_EVERY, REFRESH_EVERY, Schedule
+from .schedule import EXPLORE_EVERY, PLAIN_SPACING, REFRESH_EVERY, Schedule
 from .search import best_plan, choose_total, neighbour
 
-__all__ = ["CHEAP_SHARE", "EXPLORE_EVERY", "GROWTH", "NUM_BINS", "PREPARE_PROBE", "RECENT", "RECENT_STEPS",
+__all__ = ["CHEAP_SHARE", "EXPLORE_EVERY", "GROWTH", "NUM_BINS", "PLAIN_SPACING", "PREPARE_PROBE", "RECENT", "RECENT_STEPS",
            "REFRESH_EVERY", "SURPRISE", "SURPRISES", "AcceptanceModel", "AdaptivePolicy", "AnswerLength",
-           "Calibration", "CostModel", "DraftGate", "OnlineLinear", "Preparation", "Rate", "Regime", "Schedule",
+           "Calibration", "CostModel", "CostTable", "DraftGate", "OnlineLinear", "Preparation", "Rate", "Regime", "Schedule",
            "Shape", "best_plan", "choose_total", "dynamic_shape", "model_accepted", "neighbour"]

@@ -136,8 +136,10 @@ class AdaptivePolicy:
 
     def _best_plan(self) -> tuple[float, int, int]:
         """(rate, depth, width) of the best plan near what was measured (search.best_plan)."""
-        draft, verify = self.costs.draft.theta(), self.costs.verify.theta()
-        return best_plan(None if draft is None else draft.tolist(), None if verify is None else verify.tolist(),
+        draft = self.costs.draft.theta()
+        verify = None if self.costs.verify.theta() is None else \
+            [self.costs.verify_cost(t) for t in range(self.max_nodes + 2)]
+        return best_plan(None if draft is None else draft.tolist(), verify,
                          self.acceptance.optimistic(), self.acceptance.correction(),
                          # the tokens still needed (within the budget: a token past it is thrown away)
                          max(self.answer.left() - 1.0, 0.0),  # the step's own (bonus) token is the first of them
@@ -153,9 +155,9 @@ class AdaptivePolicy:
         v = sorted((math.exp(x) for x in values.tolist()), reverse=True)[:cap]
         if not self.costs.drafted or self.costs.draft.prior is None:  # the probe: verify what was drafted
             return len(v)
-        single, verify = self.costs.single, self.costs.verify
+        single = self.costs.single
         return choose_total(v, self.costs.draft.predict([1, levels_fed, nodes_fed]),
-                            lambda n: single if n == 0 and single is not None else verify.predict([1, 1 + n]))
+                            lambda n: single if n == 0 and single is not None else self.costs.verify_cost(1 + n))
 
     # ---- learning --------------------------------------------------------------------------------------
     def observe(self, step: StepStats, view: HostView | None, verdict: Verdict, num_pending: int) -> None:

@@ -1,14 +1,15 @@
 """The policy's cost model: what the run's forwards cost, measured on the device in use.
 
 - a plain one-token target step:                  `single` (the median of the last PLAIN_STEPS)
-- a target forward over t >= 2 tokens:            verify(t) = a + b t           (online least squares;
-  kept apart from the one-token step, which often takes another kernel path: on this project's CPU a
-  2-token forward can cost 2-5x a 1-token one, on a GPU about the same)
+- a target forward over t >= 2 tokens:            verify(t), the decayed mean measured at t, read
+  between measured counts along log t (CostTable: the cost is concave in t), and past the largest
+  measured along the slope of verify(t) = a + b t (online least squares). A 2-token forward can take
+  another kernel path than the 1-token step (on this project's CPU 2-5x it, on a GPU about the same)
 - drafting:                                       draft(L, F) = r + c L + e F   (L levels fed, F nodes fed)
 
 and the largest verification and draft depth measured so far: a plan verifies at most GROWTH times
-the most tokens verified so far and drafts at most one level deeper than before, so trees grow step
-by step from measured costs instead of from the fits' extrapolation.
+the most tokens verified so far and drafts at most GROWTH times as deep as before, so trees grow
+step by step from measured costs instead of from the fits' extrapolation.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import statistics
 
 import numpy as np
 
-GROWTH = 2  # a plan verifies at most GROWTH x the most tokens verified so far, and drafts one level deeper
+GROWTH = 2  # a plan verifies at most GROWTH x the most tokens verified so far, and drafts GROWTH x as deep
 PLAIN_STEPS = 8  # plain steps whose median is the plain step's cost (a spike moves no median)
 
 
@@ -73,12 +74,51 @@ class OnlineLinear:
         return float(th @ np.asarray(x, dtype=np.float64)) if th is not None else math.nan
 
 
+class CostTable:
+    """Seconds of a target forward per token count measured: a decayed mean per count, read between
+    counts along log t. A forward's cost is concave in its tokens on a CPU (the real pair: 2 tokens
+    306 ms, 4 351, 8 421, 16 513): one straight line through it, fitted where the run drafted,
+    overprices small verifications next to large ones (fitted on 8-16 tokens it put a 3-token
+    verification 6 % above its cost, so a wide or deep tree looked better than a short chain)."""
+
+    def __init__(self, decay: float = 0.9):
+        self.decay = decay
+        self.sums: dict[int, tuple[float, float]] = {}  # tokens -> (decayed seconds, decayed weight)
+
+    def add(self, tokens: int, seconds: float) -> None:
+        total, weight = self.sums.get(tokens, (0.0, 0.0))
+        self.sums[tokens] = (self.decay * total + seconds, self.decay * weight + 1.0)
+
+    def reset(self) -> None:
+        self.sums = {}
+
+    def predict(self, tokens: int, single: float | None, line: OnlineLinear) -> float:
+        """The mean at `tokens` where measured; between two measured counts (the plain step `single`
+        counts as t = 1) along log t; past the largest measured along `line`'s slope."""
+        points = sorted((t, s / w) for t, (s, w) in self.sums.items())
+        if single is not None:
+            points = [(1, single)] + [p for p in points if p[0] > 1]
+        if not points:
+            return line.predict([1, tokens])
+        below = [p for p in points if p[0] <= tokens]
+        above = [p for p in points if p[0] >= tokens]
+        if below and above:
+            (t0, s0), (t1, s1) = below[-1], above[0]
+            if t0 == t1:
+                return s0
+            return s0 + (s1 - s0) * (math.log(tokens) - math.log(t0)) / (math.log(t1) - math.log(t0))
+        (t0, s0) = below[-1] if below else above[0]
+        slope = line.theta()[1] if line.theta() is not None else 0.0
+        return s0 + slope * (tokens - t0)
+
+
 class CostModel:
     """The plain step's cost, the verification and drafting fits, and how far plans have grown."""
 
     def __init__(self):
         # weak priors (a tenth of an observation): the first step of a run can carry one-time costs
-        self.verify = OnlineLinear(2, prior_weight=0.1)  # [1, tokens]
+        self.verify = OnlineLinear(2, prior_weight=0.1)  # [1, tokens]: the slope past what was measured
+        self.verify_table = CostTable()  # what each verification size measured
         self.draft = OnlineLinear(3, prior_weight=0.1)  # [1, levels fed, nodes fed]
         self.single: float | None = None  # cost of a plain one-token step: the median of the recent ones
         self.plain_times: list[float] = []  # the last PLAIN_STEPS plain steps' seconds
@@ -98,6 +138,7 @@ class CostModel:
         else:
             self.max_tokens = max(self.max_tokens, tokens)
             self.verify.add([1, tokens], verify_s)
+            self.verify_table.add(tokens, verify_s)
             if self.verify.prior is None:
                 self.verify.prior = np.array([verify_s, 0.05 * verify_s])
         if depth:
@@ -113,14 +154,19 @@ class CostModel:
             return self.single
         if self.verify.prior is None:
             return None
-        predicted = self.verify.predict([1, tokens])
+        predicted = self.verify_cost(tokens)
         if depth and self.draft.prior is not None:
             predicted += self.draft.predict([1, depth - 1, nodes_fed])
         return predicted
 
+    def verify_cost(self, tokens: int) -> float:
+        """Seconds to verify `tokens` tokens (with the root): the cost table where it reaches."""
+        return self.verify_table.predict(tokens, self.single, self.verify)
+
     def forget(self) -> None:
         """The machine changed: the plain step's median restarts, the fits start afresh."""
         self.plain_times = []
+        self.verify_table.reset()
         for fit in (self.verify, self.draft):
             fit.reset()
 
@@ -130,9 +176,11 @@ class CostModel:
 
     def deepest(self, width: int, max_depth: int) -> int:
         """The deepest plan of `width` whose cost is known well enough: at most GROWTH x the most
-        tokens verified so far, and one level deeper than the deepest draft so far."""
+        tokens verified so far, and GROWTH x the deepest draft so far (at least one level deeper).
+        (One level a step, a run of about a hundred steps spent a tenth of them growing to the
+        depth a high-acceptance draft pays at: 0.93 of the best fixed chain in the hindsight replay.)"""
         by_tokens = (GROWTH * max(self.max_tokens, 2) - 1) // width
-        return min(max_depth, self.max_levels + 1, by_tokens)
+        return min(max_depth, max(GROWTH * self.max_levels, self.max_levels + 1), by_tokens)
 
     def verify_cap(self, max_nodes: int) -> int:
         """The most nodes a step may verify: never far past what was measured."""

@@ -17,13 +17,13 @@ def best_plan(draft: Sequence[float] | None, verify: Sequence[float] | None, acc
               k: float, useful: float, deepest: dict[int, int], max_nodes: int) -> tuple[float, int, int]:
     """(rate, depth, width) of the plan with the highest expected rate (ties: the deeper, then the
     wider), over every width of `accept` (width -> c_w) and depth up to `deepest[width]` (only plans
-    near what was measured). draft: [r, per level, per node], verify: [a, per token] (seconds; None:
-    not measured yet, then (0, deepest of the widest, the widest)). Runs every step, so the loop is
+    near what was measured). draft: [r, per level, per node], verify: verify[t] the seconds to verify
+    t tokens, t = 0..max_nodes + 1 (None: not measured yet, then (0, deepest of the widest, the widest)). Runs every step, so the loop is
     plain float arithmetic."""
     if draft is None or verify is None:  # no cost measured yet: nothing to compare
         widest = max(accept)
         return 0.0, deepest[widest], widest
-    (r, per_level, per_node), (a, per_token) = draft, verify
+    r, per_level, per_node = draft
     best = (-math.inf, 0, 0)
     for width, c in accept.items():
         accepted, c_d = 0.0, 1.0  # sum of c^d' for d' <= depth, as model_accepted(c, depth)
@@ -31,7 +31,7 @@ def best_plan(draft: Sequence[float] | None, verify: Sequence[float] | None, acc
             c_d *= c
             accepted += c_d
             expected = 1.0 + min(useful, k * accepted)
-            cost = r + a + per_token * (1 + min(width * depth, max_nodes)) \
+            cost = r + verify[1 + min(width * depth, max_nodes)] \
                 + (per_level + per_node * width) * (depth - 1)
             candidate = (expected / cost if cost > 0 else 0.0, depth, width)
             best = max(best, candidate)
