@@ -75,12 +75,22 @@ def group_queries(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
 
 
 def group_mask(mask: torch.Tensor | None, group: int) -> torch.Tensor | None:
-    """[b, 1, q, k] -> [b, 1, group * q, k], matching `group_queries`' rows (a mask is small next to K/V)."""
+    """[b, 1, q, k] -> [b, 1, group * q, k], matching `group_queries`' rows (a mask is small next to K/V).
+
+    Every layer of a forward gets the same mask object: the grouped copy is made for the first and
+    reused by the others (the last one is kept, with the mask it was made from), not made per layer."""
     if mask is None or group == 1:
         return mask
     if mask.shape[1] != 1:
         raise ValueError(f"a tree mask must be shared by all heads (shape [b, 1, q, k]), got {tuple(mask.shape)}")
-    return mask.repeat(1, 1, group, 1)
+    source, made_for, grouped = _GROUPED
+    if source is not mask or made_for != group:
+        grouped = mask.repeat(1, 1, group, 1)
+        _GROUPED[:] = [mask, group, grouped]
+    return grouped
+
+
+_GROUPED: list = [None, 0, None]  # (the last mask grouped, its group, the grouped copy)
 
 
 def grouped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **_kwargs):
