@@ -15,6 +15,7 @@ two passes over the same requests after one untimed warm-up request:
 
     PYTHONPATH=. python scripts/profile_host_work.py --limit 5 --max-new-tokens 64 --threads 2
     PYTHONPATH=. python scripts/profile_host_work.py --methods sd_tree --cprofile 25   # + cProfile's top
+    PYTHONPATH=. python scripts/profile_host_work.py --options tree=dynamic --skip-timing   # counts, every step drafting
 
 Times are wall clock: compare shares, not milliseconds, on a loaded machine.
 """
@@ -37,7 +38,7 @@ from lvspec_eval.decoding.drafters import growth, hidden_state, model, sparse_vi
 from lvspec_eval.decoding.policy import AdaptivePolicy, DraftGate
 from lvspec_eval.decoding.runner import Runner
 from lvspec_eval.decoding.verifiers import exact, fly, lvspec
-from lvspec_eval.measure.bench import make_samples
+from lvspec_eval.measure.bench import _parse_kv, make_samples
 
 METHODS = "vanilla,sd_tree,specvlm,sparrow,fly,lvspec,sage"
 MODEL, PREPARATION = "model forward", "draft preparation"
@@ -224,6 +225,9 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--options", default="", help="decoding options as model_args, e.g. tree=dynamic (the adaptive "
+                                                 "policy drafts less on a loaded machine: a fixed tree drafts every step)")
+    p.add_argument("--skip-timing", action="store_true", help="only the load-independent counts")
     p.add_argument("--cprofile", type=int, default=0, help="also print cProfile's top N by cumulative time")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -231,10 +235,15 @@ def main() -> None:
     draft = load_draft("demo-draft", None, None, None, device="cpu", dtype="float32")
     samples = make_samples("synthvid_caption", args.limit)
     for method in args.methods.split(","):
-        runner = Runner("demo", method, draft="demo-draft", target_backend=target, draft_backend=draft)
+        runner = Runner("demo", method, draft="demo-draft", target_backend=target, draft_backend=draft,
+                        options=_parse_kv(args.options))
         run_requests(runner, samples[:1], args.max_new_tokens)  # warm-up, untimed
+        counts = count_ops(runner, samples, args.max_new_tokens)
+        if args.skip_timing:
+            print(f"\n## {method}: {counts}")
+            continue
         spent, records = time_sections(runner, samples, args.max_new_tokens)
-        report(method, spent, records, count_ops(runner, samples, args.max_new_tokens))
+        report(method, spent, records, counts)
         if args.cprofile:
             profile = cProfile.Profile()
             profile.runcall(run_requests, runner, samples, args.max_new_tokens)
