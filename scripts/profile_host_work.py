@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lvspec_eval.backends import base, tree_layout, types
 from lvspec_eval.backends.loading import load_backend, load_draft
-from lvspec_eval.decoding import host_sync, loop, sage_tree, stats
+from lvspec_eval.decoding import loop, sage_tree, stats
 from lvspec_eval.decoding.drafters import growth, hidden_state, model, sparse_view
 from lvspec_eval.decoding.policy import AdaptivePolicy, DraftGate
 from lvspec_eval.decoding.runner import Runner
@@ -130,10 +130,10 @@ def time_sections(runner: Runner, samples, max_new_tokens: int) -> tuple[dict, l
     modules = wrap_forwards(runner, timers.wrap)
     real_decode = loop._decode
 
-    def decode(run):
+    def decode(*args):
         timers._stack.append(["loop (rest)", time.perf_counter(), 0.0])
         try:
-            return real_decode(run)
+            return real_decode(*args)
         finally:
             name, start, inner = timers._stack.pop()
             timers.total[name] += time.perf_counter() - start - inner
@@ -149,19 +149,45 @@ def time_sections(runner: Runner, samples, max_new_tokens: int) -> tuple[dict, l
 
 
 class OpCounter(TorchDispatchMode):
-    """aten operations dispatched, split by whether a model forward is running."""
+    """aten operations dispatched, split by whether a model forward is running, and outside the
+    forwards by the innermost section running (`label`, kept up to date by the section wrappers)."""
 
     def __init__(self):
         super().__init__()
         self.inside = self.outside = 0
         self.depth = 0
+        self.labels = ["loop (rest)"]
+        self.by_label = collections.Counter()
+        self.decoding = False
+
+    def decode(self, real_decode):
+        """loop._decode, counting while it runs (the decode steps)."""
+        def counted(*args):
+            self.decoding = True
+            try:
+                return real_decode(*args)
+            finally:
+                self.decoding = False
+        return counted
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-        if self.depth:
+        if not self.decoding:  # the prefills and the first token are not a step's work
+            pass
+        elif self.depth:
             self.inside += 1
         else:
             self.outside += 1
+            self.by_label[self.labels[-1]] += 1
         return func(*args, **(kwargs or {}))
+
+    def wrap(self, fn, label: str):
+        def labelled(*args, **kwargs):
+            self.labels.append(label)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.labels.pop()
+        return labelled
 
 
 def count_ops(runner: Runner, samples, max_new_tokens: int) -> dict:
@@ -181,26 +207,33 @@ def count_ops(runner: Runner, samples, max_new_tokens: int) -> dict:
         return counted
 
     counters = []
-    real_counter = loop.SyncCounter
+    real_counter = getattr(loop, "SyncCounter", None)  # None: code from before the count (a "before" run)
 
     def keeping():
-        counters.append(host_sync.SyncCounter(keep_where=True))
+        counters.append(real_counter(keep_where=True))
         return counters[-1]
 
     modules = wrap_forwards(runner, wrap)
-    loop.SyncCounter = keeping
+    undo = patched(sections(type(runner.target)), ops.wrap)
+    if real_counter is not None:
+        loop.SyncCounter = keeping
+    real_decode, loop._decode = loop._decode, ops.decode(loop._decode)
     try:
         with ops:
             records = run_requests(runner, samples, max_new_tokens)
     finally:
-        loop.SyncCounter = real_counter
+        loop._decode = real_decode
+        if real_counter is not None:
+            loop.SyncCounter = real_counter
+        restore(undo)
         unwrap_forwards(modules)
     steps = sum(r["num_steps"] for r in records)
     where = collections.Counter(w for c in counters for w in c.where)
     return {"steps": steps, "ops_outside": ops.outside / steps, "ops_inside": ops.inside / steps,
-            "syncs_per_step": statistics.mean(r["host_syncs_per_step"] for r in records),
-            "syncs_max": max(r["host_syncs_max_step"] for r in records), "where": where.most_common(8),
-            "forward_ops": {k: statistics.median(v) for k, v in by_size.items()}}
+            "syncs_per_step": statistics.mean(r.get("host_syncs_per_step", float("nan")) for r in records),
+            "syncs_max": max(r.get("host_syncs_max_step", -1) for r in records), "where": where.most_common(8),
+            "forward_ops": {k: statistics.median(v) for k, v in by_size.items()},
+            "ops_by_section": {k: round(v / steps, 1) for k, v in ops.by_label.most_common()}}
 
 
 def report(method: str, spent: dict, records: list[dict], counts: dict) -> None:
@@ -215,6 +248,7 @@ def report(method: str, spent: dict, records: list[dict], counts: dict) -> None:
         print(f"| {label} | {1000 * seconds / steps:.3f} | {100 * seconds / host_s:.1f} % |")
     print(f"ops dispatched per step: {counts['ops_outside']:.0f} outside model forwards, {counts['ops_inside']:.0f} inside; "
           f"target forward ops (median): {counts['forward_ops']}")
+    print(f"ops per step outside the forwards, by section: {counts['ops_by_section']}")
     print(f"host syncs per step: {counts['syncs_per_step']:.2f} (most in one step: {counts['syncs_max']}); "
           f"where: {counts['where']}")
 

@@ -77,20 +77,20 @@ def group_queries(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
 def group_mask(mask: torch.Tensor | None, group: int) -> torch.Tensor | None:
     """[b, 1, q, k] -> [b, 1, group * q, k], matching `group_queries`' rows (a mask is small next to K/V).
 
-    Every layer of a forward gets the same mask object: the grouped copy is made for the first and
-    reused by the others (the last one is kept, with the mask it was made from), not made per layer."""
+    Every layer of a forward gets the same mask object: the grouped copy is made for the first layer
+    and kept on the mask itself for the others (freed with the mask), not made per layer."""
     if mask is None or group == 1:
         return mask
     if mask.shape[1] != 1:
         raise ValueError(f"a tree mask must be shared by all heads (shape [b, 1, q, k]), got {tuple(mask.shape)}")
-    source, made_for, grouped = _GROUPED
-    if source is not mask or made_for != group:
+    made_for, grouped = getattr(mask, _GROUPED, (0, None))
+    if made_for != group:
         grouped = mask.repeat(1, 1, group, 1)
-        _GROUPED[:] = [mask, group, grouped]
+        setattr(mask, _GROUPED, (group, grouped))
     return grouped
 
 
-_GROUPED: list = [None, 0, None]  # (the last mask grouped, its group, the grouped copy)
+_GROUPED = "_lvspec_grouped"  # a tree mask's attribute: (group, its grouped copy)
 
 
 def grouped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **_kwargs):
