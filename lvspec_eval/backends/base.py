@@ -316,7 +316,9 @@ class Backend:
         # several tokens: linear layers may take the kernel measured fastest for that many rows
         # (linear_kernels.py, CPU only); one token: exactly transformers' own path
         kernels = linear_kernels.multi_token() if m > 1 else contextlib.nullcontext()
-        with self.capture_hidden(hidden_layers) as hidden, linear_state.temporary(ancestors), kernels:
+        # no layers asked: no hooks to set up (a one-token step's host work is mostly this wrapper)
+        capture = self.capture_hidden(hidden_layers) if hidden_layers else contextlib.nullcontext({})
+        with capture as hidden, linear_state.temporary(ancestors), kernels:
             out = self.text_model()(input_ids=tokens.view(1, -1).to(self.device), position_ids=positions,
                                     attention_mask=mask, cache=state.cache, use_cache=True)
             logits = self.lm_head(out.last_hidden_state[0])
