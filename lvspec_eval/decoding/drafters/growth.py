@@ -246,3 +246,25 @@ class TreePlanner:
         if self.gate is not None:
             return self.gate.estimates()
         return None if self.policy is None else self.policy.estimates()
+
+
+class UnfedTokens:
+    """The tokens committed since a drafter last fed its model, kept on the device as the steps
+    commit them (Scores.committed_ids), so that its catch-up needs no upload of host token ids."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.tokens: list[int] = []
+        self.ids: list[torch.Tensor] | None = []  # None: some step's tokens are not on the device
+
+    def add(self, tokens: list[int], ids: torch.Tensor | None) -> None:
+        self.tokens += tokens
+        self.ids = None if ids is None or self.ids is None else self.ids + [ids]
+
+    def take(self, new: list[int]) -> torch.Tensor | None:
+        """[len(new)] the device ids of `new` when they are what was committed since the last take; then clears."""
+        ids = torch.cat(self.ids) if self.ids and self.tokens == new else None
+        self.clear()
+        return ids

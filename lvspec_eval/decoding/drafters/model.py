@@ -73,7 +73,7 @@ class ModelDrafter:
         self.num_fed = 0  # generated tokens already in the draft cache
         self._root_logits: torch.Tensor | None = None  # draft logits after the last fed token
         self._request: tuple | None = None  # (target, inputs, target state, clock, embeds) until prepared
-        self._unfed = UnfedTokens()  # the committed tokens not yet fed, on the device where known
+        self._unfed = growth.UnfedTokens()  # the committed tokens not yet fed, on the device where known
         self._draft: Draft | None = None  # the last proposal (observe reads its tokens on the device)
 
     def start(self, target: Backend, inputs: PreparedInputs, target_state: DecodeState, clock) -> dict:
@@ -191,28 +191,6 @@ class ModelDrafter:
             return logits
 
         return self.planner.grow(shape, plan, root_logits, feed)
-
-
-class UnfedTokens:
-    """The tokens committed since a drafter last fed its model, kept on the device as the steps
-    commit them (Scores.committed_ids), so that its catch-up needs no upload of host token ids."""
-
-    def __init__(self):
-        self.clear()
-
-    def clear(self) -> None:
-        self.tokens: list[int] = []
-        self.ids: list[torch.Tensor] | None = []  # None: some step's tokens are not on the device
-
-    def add(self, tokens: list[int], ids: torch.Tensor | None) -> None:
-        self.tokens += tokens
-        self.ids = None if ids is None or self.ids is None else self.ids + [ids]
-
-    def take(self, new: list[int]) -> torch.Tensor | None:
-        """[len(new)] the device ids of `new` when they are what was committed since the last take; then clears."""
-        ids = torch.cat(self.ids) if self.ids and self.tokens == new else None
-        self.clear()
-        return ids
 
 
 def wall_clock() -> float:
