@@ -706,3 +706,23 @@ def test_a_first_request_decoded_after_a_warm_up_is_timed():
     assert is_cold({"request_index": 0, "warmed_up": False}, {})
     assert not is_cold({"request_index": 0, "warmed_up": True}, {"request_index": 0, "warmed_up": True})
     assert not is_cold({"request_index": 3}, {})
+
+
+def test_time_breakdown_carries_the_engines_cost_per_step():
+    """Host work and host syncs per decode step (stats records) reach the breakdown, pooled by requests;
+    records from before the count leave the cells empty rather than read as zero."""
+    def rec(overhead_ms, syncs):
+        return {"e2e_s": 1.0, "decode_s": 0.5, "num_new_tokens": 10, "timed_steps": 4,
+                "overhead_step_ms": overhead_ms, "host_syncs_per_step": syncs}
+
+    one = report_overview.breakdown_fields([rec(1.0, 1.0), rec(3.0, 2.0)])
+    two = report_overview.breakdown_fields([rec(5.0, 3.0)])
+    assert (one["host_ms_per_step"], one["host_syncs_per_step"]) == (2.0, 1.5)
+    pooled = report_overview.pooled_breakdown([one, two])
+    assert pooled["host_ms_per_step"] == pytest.approx(3.0) and pooled["host_syncs_per_step"] == pytest.approx(2.0)
+    old = report_overview.breakdown_fields([{"e2e_s": 1.0, "decode_s": 0.5, "num_new_tokens": 10}])
+    assert "host_ms_per_step" not in old and "host_ms_per_step" not in report_overview.pooled_breakdown([one, old])
+    row = {"task": "t", "method": "m", "time_breakdown": one, "baseline_time_breakdown": one}
+    cell = report_overview.breakdown_cells([row], "vanilla")[0]
+    headers = report_overview.BREAKDOWN_HEADERS
+    assert cell[headers.index("host ms/step")] == "2.00" and cell[headers.index("host syncs/step")] == "1.5"

@@ -75,12 +75,22 @@ def group_queries(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
 
 
 def group_mask(mask: torch.Tensor | None, group: int) -> torch.Tensor | None:
-    """[b, 1, q, k] -> [b, 1, group * q, k], matching `group_queries`' rows (a mask is small next to K/V)."""
+    """[b, 1, q, k] -> [b, 1, group * q, k], matching `group_queries`' rows (a mask is small next to K/V).
+
+    Every layer of a forward gets the same mask object: the grouped copy is made for the first layer
+    and kept on the mask itself for the others (freed with the mask), not made per layer."""
     if mask is None or group == 1:
         return mask
     if mask.shape[1] != 1:
         raise ValueError(f"a tree mask must be shared by all heads (shape [b, 1, q, k]), got {tuple(mask.shape)}")
-    return mask.repeat(1, 1, group, 1)
+    made_for, grouped = getattr(mask, _GROUPED, (0, None))
+    if made_for != group:
+        grouped = mask.repeat(1, 1, group, 1)
+        setattr(mask, _GROUPED, (group, grouped))
+    return grouped
+
+
+_GROUPED = "_lvspec_grouped"  # a tree mask's attribute: (group, its grouped copy)
 
 
 def grouped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **_kwargs):

@@ -63,10 +63,18 @@ class DecodeState:
     cache_len: int  # committed cache entries; entries beyond are temporary
     next_pos: int  # sequence index (in the unpruned sequence) of the first pending token
     pending: list[int]  # committed tokens whose KV entries are not computed yet
+    # (the `pending` list, the same tokens on the device) when commit could take them from the scores
+    # (one root token, the target's own: no upload next step); valid while `pending` is that list
+    pending_ids: tuple[list[int], torch.Tensor] | None = None
     temp_len: int = 0
     prompt_hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [prompt_len, hidden]
     visual_hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [num_visual, hidden]
     extra: dict = field(default_factory=dict)  # family-specific (e.g. Qwen's rope delta)
+
+    def pending_on_device(self) -> torch.Tensor | None:
+        """[len(pending)] the pending tokens on the device, where they were left there; else None."""
+        ids = self.pending_ids
+        return ids[1] if ids is not None and ids[0] is self.pending else None
 
 
 def additive_mask(num_committed: int, visible: torch.Tensor, dtype, device) -> torch.Tensor:
@@ -75,9 +83,8 @@ def additive_mask(num_committed: int, visible: torch.Tensor, dtype, device) -> t
     Committed entries are visible to all; `visible` [m, t] covers the entries after them.
     """
     m, t = visible.shape
-    mask = torch.full((1, 1, m, num_committed + t), torch.finfo(dtype).min, dtype=dtype, device=device)
-    mask[..., :num_committed] = 0
-    mask[0, 0, :, num_committed:] = mask[0, 0, :, num_committed:].masked_fill(visible.to(device), 0)
+    mask = torch.zeros((1, 1, m, num_committed + t), dtype=dtype, device=device)
+    mask[0, 0, :, num_committed:].masked_fill_(~visible.to(device), torch.finfo(dtype).min)  # 3 ops, one allocation
     return mask
 
 
@@ -309,7 +316,9 @@ class Backend:
         # several tokens: linear layers may take the kernel measured fastest for that many rows
         # (linear_kernels.py, CPU only); one token: exactly transformers' own path
         kernels = linear_kernels.multi_token() if m > 1 else contextlib.nullcontext()
-        with self.capture_hidden(hidden_layers) as hidden, linear_state.temporary(ancestors), kernels:
+        # no layers asked: no hooks to set up (a one-token step's host work is mostly this wrapper)
+        capture = self.capture_hidden(hidden_layers) if hidden_layers else contextlib.nullcontext({})
+        with capture as hidden, linear_state.temporary(ancestors), kernels:
             out = self.text_model()(input_ids=tokens.view(1, -1).to(self.device), position_ids=positions,
                                     attention_mask=mask, cache=state.cache, use_cache=True)
             logits = self.lm_head(out.last_hidden_state[0])
@@ -379,7 +388,9 @@ class Backend:
         if not state.pending:
             raise ValueError("score() needs at least one pending token (the root)")
         p = len(state.pending)
-        pending = torch.tensor(state.pending, dtype=torch.long, device=self.device)
+        pending = state.pending_on_device()
+        if pending is None:
+            pending = torch.tensor(state.pending, dtype=torch.long, device=self.device)
         if draft.num_nodes == 0 and p == 1 and state.temp_len == 0:
             offsets, visible = torch.zeros(1, dtype=torch.long, device=self.device), None  # a plain step
         else:
@@ -388,12 +399,21 @@ class Backend:
         logits, hidden = self.forward(state, tokens, offsets, visible, hidden_layers)
         return Scores(logits=logits[p - 1:], hidden=hidden, num_pending=p)
 
-    def commit(self, state: DecodeState, verdict: Verdict) -> None:
-        """After score(): keep pending + the cached part of the accepted path; queue the rest."""
+    def commit(self, state: DecodeState, verdict: Verdict, scores: Scores | None = None) -> None:
+        """After score(): keep pending + the cached part of the accepted path; queue the rest.
+        scores: the step's (optional): where only the target's own last token is queued, the next
+        step takes it from them on the device instead of copying it up."""
         p = len(state.pending)
         cached = verdict.path[: verdict.num_cached]
         if cached == list(range(len(cached))):  # a chain's prefix (or nothing): no gather needed
             self.keep(state, p + len(cached))
+        elif scores is not None:  # the path's index uploaded once for the step (Scores.node_ids)
+            nodes = scores.node_ids(cached).to(self.device)
+            self.keep(state, torch.cat([torch.arange(p, device=self.device), nodes + p]))
         else:
             self.keep(state, list(range(p)) + [p + i for i in cached])
         state.pending = list(verdict.tokens[verdict.num_cached:])
+        state.pending_ids = None
+        if scores is not None and len(state.pending) == 1:
+            root = scores.committed_root(verdict)
+            state.pending_ids = None if root is None else (state.pending, root.to(self.device))

@@ -80,8 +80,47 @@ class Scores:
         if "view" not in self._memo or extra:
             if draft is None:
                 raise ValueError("host_view(None) before the step's view was made: pass the draft")
-            self._memo["view"] = _transfer(draft, self.logits, extra)
+            self._memo["view"] = _transfer(draft, self.logits, self.greedy(), extra)
         return self._memo["view"]
+
+    def greedy(self) -> torch.Tensor:
+        """[num_nodes + 1] the target's argmax per row, on the device (computed once): commit takes the
+        next step's root from it without a host round trip."""
+        if "greedy" not in self._memo:
+            self._memo["greedy"] = self.logits.argmax(-1)
+        return self._memo["greedy"]
+
+    def node_ids(self, nodes: list[int]) -> torch.Tensor:
+        """[len(nodes)] long on the logits' device: the step's one upload of an accepted path, made
+        once and shared (commit's cache gather, a drafter's catch-up on the committed tokens)."""
+        memo = self._memo.setdefault("nodes", {})
+        key = tuple(nodes)
+        if key not in memo:
+            memo[key] = torch.tensor(nodes, dtype=torch.long, device=self.logits.device)
+        return memo[key]
+
+    def committed_ids(self, draft: Draft, verdict: Verdict) -> torch.Tensor | None:
+        """[len(verdict.tokens)] the committed tokens on the device, from the draft's tokens along
+        the path and the target's own last token; None where the verdict commits other tokens (a
+        loose verifier's substitutes) or the host view was not made."""
+        view, root = self._memo.get("view"), self.committed_root(verdict)
+        if root is None or [view.tokens[i] for i in verdict.path] != verdict.tokens[:-1]:
+            return None
+        path, tokens = verdict.path, draft.tokens
+        if path == list(range(len(path))):  # a chain's prefix: a slice, no index to upload
+            accepted = tokens[: len(path)]
+        else:
+            accepted = tokens.index_select(0, self.node_ids(path).to(tokens.device))
+        return torch.cat([accepted.to(root.device), root])
+
+    def committed_root(self, verdict: Verdict) -> torch.Tensor | None:
+        """[1] the verdict's last token on the device, where it is the target's greedy token after the
+        last accepted node (every verifier's bonus) and the host view was made; else None."""
+        view = self._memo.get("view")
+        row = (verdict.path[-1] if verdict.path else -1) + 1
+        if view is None or view.target[row] != verdict.tokens[-1]:
+            return None
+        return self.greedy()[row: row + 1]
 
 
 @dataclass(frozen=True)
@@ -98,9 +137,9 @@ class Verdict:
         return len(self.tokens) - 1
 
 
-def _transfer(draft: Draft, logits: torch.Tensor, extra: tuple[torch.Tensor, ...] = ()) -> HostView:
+def _transfer(draft: Draft, logits: torch.Tensor, greedy: torch.Tensor, extra: tuple[torch.Tensor, ...] = ()) -> HostView:
     """Pack everything the host needs into one float64 tensor and copy it once (token ids are
-    exact in float64)."""
+    exact in float64). greedy: [n + 1] the logits' argmax per row."""
     n, device = draft.num_nodes, logits.device
     top2 = logits.float().topk(min(2, logits.shape[-1]), dim=-1).values  # [n + 1, 2]
     margins = top2[:, 0] - top2[:, -1]
@@ -108,7 +147,7 @@ def _transfer(draft: Draft, logits: torch.Tensor, extra: tuple[torch.Tensor, ...
     parts = [draft.tokens.to(device), draft.parents.to(device),
              zeros if draft.scores is None else draft.scores.to(device),
              zeros if draft.probs is None else draft.probs.to(device),
-             logits.argmax(-1), margins, *(e.to(device) for e in extra)]
+             greedy, margins, *(e.to(device) for e in extra)]
     flat = torch.cat([p.to(torch.float64).flatten() for p in parts]).tolist()
     cut = [0]
     for p in parts:

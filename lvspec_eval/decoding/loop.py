@@ -16,12 +16,14 @@ Vanilla decoding is the same loop with a drafter that proposes nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from ..backends.base import Backend
 from . import tree
+from .host_sync import SyncCounter
 from .stats import (
     ForwardClock,
     SampleStats,
@@ -97,17 +99,21 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
     stats.prompt_tokens = int(inputs.input_ids.shape[1])
     # 2. The drafter starts: with draft_prepare=eager it prepares the draft now (pruning, vision tower,
     #    prefill); lazily, on the first step its policy wants a draft (never, for a one-letter answer).
+    #    The first token comes from the prefill: the root of the first step, on the device too.
+    first, margin = _greedy_with_margin(logits)
+    state.pending = [first]
+    state.pending_ids = (state.pending, logits.argmax().view(1))
     inputs.extra["prefill_s"] = stats.prefill_s  # the policy weighs the draft's preparation against it
     drafter.start(backend, inputs, state, clock)
     inputs.extra.pop("embeds", None)  # the prompt's embeddings are not needed past the prefills
-    # 3. The first token comes from the prefill; then draft, score, verify, commit.
-    first, margin = _greedy_with_margin(logits)
+    # 3. Draft, score, verify, commit.
     generated, records = [first], _TokenRecords([TARGET], [None], [None], [margin])
-    state.pending = list(generated)
     t_start = clock()
-    with ForwardClock(_forward_modules(backend, drafter)) as forwards:
-        prepare_in_decode = _decode(backend, drafter, verifier, state, layers, drafts, generated, records, stats,
-                                    StopCheck(backend, max_new_tokens, until), clock, forwards)
+    with ForwardClock(_forward_modules(backend, drafter)) as forwards, SyncCounter() as syncs:
+        plain_layers = tuple(sorted(set(drafter.hidden_layers))) if drafts else ()  # what the drafter reads of every step
+        prepare_in_decode = _decode(Decoding(backend, drafter, verifier, state, layers, plain_layers, generated,
+                                             records, stats, StopCheck(backend, max_new_tokens, until), clock,
+                                             forwards, syncs))
     stats.decode_s = clock() - t_start - prepare_in_decode
     n, text = _truncate(backend, generated, max_new_tokens, until)
     stats.num_new_tokens = n
@@ -122,32 +128,51 @@ def generate(backend: Backend, drafter, verifier, prompt: str, videos: list, max
                   relevance=records.relevance[:n], replaced=records.replaced[:n], margins=records.margins[:n])
 
 
-def _decode(backend, drafter, verifier, state, layers, drafts: bool, generated: list[int], records: _TokenRecords,
-            stats: SampleStats, stop: StopCheck, clock, forwards: ForwardClock) -> float:
-    """Draft, score, verify and commit until `stop`; extends `generated` and `records` in place.
-    Returns the seconds spent preparing a lazy draft inside the steps (not decoding time)."""
-    prepare_in_decode, t_prev, fwd_prev = 0.0, clock(), forwards.seconds
-    plain_layers = tuple(sorted(set(drafter.hidden_layers))) if drafts else ()  # what the drafter reads of every step
-    while not _finished(stop, generated):
+@dataclass
+class Decoding:
+    """What one request's decode steps share: the models' sides, the answer so far and the meters."""
+
+    backend: Backend
+    drafter: object
+    verifier: object
+    state: object  # the target's backends.base.DecodeState
+    layers: tuple[int, ...]  # hidden layers a drafted step's verification reads
+    plain_layers: tuple[int, ...]  # hidden layers a step without draft nodes reads (the drafter's own)
+    generated: list[int]
+    records: _TokenRecords
+    stats: SampleStats
+    stop: StopCheck
+    clock: Callable[[], float]
+    forwards: ForwardClock  # seconds inside the models' forwards
+    syncs: SyncCounter  # host synchronisations made by the engine's own code
+
+
+def _decode(run: Decoding) -> float:
+    """Draft, score, verify and commit until `run.stop`; extends `run.generated` and `run.records` in
+    place. Returns the seconds spent preparing a lazy draft inside the steps (not decoding time)."""
+    prepare_in_decode, t_prev = 0.0, run.clock()
+    fwd_prev, syncs_prev = run.forwards.seconds, run.syncs.count
+    drafter, backend, state = run.drafter, run.backend, run.state
+    while not _finished(run.stop, run.generated):
         before = _prepared_s(drafter)
-        draft = drafter.propose(generated)
-        t_drafted = clock()
+        draft = drafter.propose(run.generated)
+        t_drafted = run.clock()
         prepared = _prepared_s(drafter) - before
         prepare_in_decode += prepared
-        judge, judged_layers = (verifier, layers) if draft.num_nodes else (PLAIN, plain_layers)
+        judge, judged_layers = (run.verifier, run.layers) if draft.num_nodes else (PLAIN, run.plain_layers)
         scores = backend.score(state, draft, hidden_layers=judged_layers)
         verdict = judge.verify(draft, scores, state.visual_hidden)
-        backend.commit(state, verdict)
-        t_verified = clock()
+        backend.commit(state, verdict, scores)  # the next root stays on the device
+        t_verified = run.clock()
         step = StepStats(draft.num_nodes, verdict.num_accepted, t_drafted - t_prev - prepared,
                          t_verified - t_drafted, draft.plan)
         drafter.observe(verdict, scores, step)  # its bookkeeping counts as the next step's drafting
-        generated += verdict.tokens
-        records.add(scores.host_view(draft), verdict)  # the verifier made the view: no second transfer
-        stats.add_step(step)
+        run.generated += verdict.tokens
+        run.records.add(scores.host_view(draft), verdict)  # the verifier made the view: no second transfer
+        run.stats.add_step(step)
         if not prepared:  # the step that prepared a lazy draft is left out: its forwards are preparation
-            stats.add_step_time(t_verified - t_prev, forwards.seconds - fwd_prev)
-        t_prev, fwd_prev = t_verified, forwards.seconds
+            run.stats.add_step_time(t_verified - t_prev, run.forwards.seconds - fwd_prev, run.syncs.count - syncs_prev)
+        t_prev, fwd_prev, syncs_prev = t_verified, run.forwards.seconds, run.syncs.count
     return prepare_in_decode
 
 

@@ -20,7 +20,8 @@ Worked example (alpha 0.5, D_max 8: D = 6 (5.5 rounded half up), W = 6): the roo
 children; one with probability 0.01 is a leaf.
 
 The same `feed` callback as growth.Grower (any drafter: a small model, the target itself, Sparrow's
-head, an MTP layer); one host transfer per level (the counts depend on the probabilities).
+head, an MTP layer); per level one host transfer (the counts depend on the probabilities) and one
+upload (the fed nodes' tokens and parent rows): about 2 x depth host synchronisations a step.
 """
 from __future__ import annotations
 
@@ -114,11 +115,13 @@ class SageTree:
             grown = [i for i in range(first, len(tokens)) if path_p[i] > limit]
             if depth == shape.depth or not grown or len(tokens) >= self.max_nodes:
                 break
-            parent_row = torch.tensor([fed_row.get(parents[i], -1) for i in grown], device=device)
+            # the level's parent rows and tokens, in one upload
+            parent_row, fed = torch.tensor([[fed_row.get(parents[i], -1) for i in grown], [tokens[i] for i in grown]],
+                                           device=device)
             vis = extend_visibility(vis, parent_row)
             for j, i in enumerate(grown):
                 fed_row[i] = vis.shape[0] - len(grown) + j
-            logits = feed(torch.tensor([tokens[i] for i in grown], device=device), vis[-len(grown):], parent_row, depth)
+            logits = feed(fed, vis[-len(grown):], parent_row, depth)
             logp = torch.log_softmax(logits.float(), dim=-1)
             frontier = [(i, path_p[i]) for i in grown]
         return _draft(tokens, parents, lps, device, plan)
@@ -128,7 +131,9 @@ class SageTree:
         likeliest), in frontier order. logp: [len(frontier), vocab]; one host transfer."""
         counts = [max(1, _round(width / depth * (0.5 + p))) for _, p in frontier]
         top = logp.topk(min(max(counts), logp.shape[-1]), dim=-1)
-        values, indices = top.values.tolist(), top.indices.tolist()
+        # one transfer: log-probs and token ids (exact in float64)
+        values, indices = torch.stack([top.values.double(), top.indices.double()]).tolist()
+        indices = [[int(t) for t in row] for row in indices]
         new = [(node, indices[r][c], values[r][c], p * math.exp(values[r][c]))
                for r, ((node, p), n) in enumerate(zip(frontier, counts)) for c in range(min(n, len(values[r])))]
         if len(new) > room:
@@ -145,6 +150,9 @@ def _draft(tokens: list[int], parents: list[int], lps: list[float], device, plan
         depth[i] = 1 + (depth[p] if p >= 0 else 0)
     if plan is not None:
         plan["nodes"] = len(tokens)
-    return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device),
-                 parents=torch.tensor(parents, dtype=torch.long, device=device), scores=torch.tensor(scores, device=device),
-                 probs=torch.tensor(lps, device=device).exp(), depth=max(depth, default=0), plan=plan)
+    # one upload (float64 holds the ids exactly; the floats round to float32 as torch.tensor's would)
+    columns = torch.tensor([tokens, parents, scores, lps], dtype=torch.float64, device=device)
+    tokens_, parents_ = columns[:2].long()
+    scores_, lps_ = columns[2:].float()
+    return Draft(tokens=tokens_, parents=parents_, scores=scores_, probs=lps_.exp(), depth=max(depth, default=0),
+                 plan=plan)

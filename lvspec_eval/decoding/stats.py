@@ -48,17 +48,23 @@ class SampleStats:
     forward_s: float = 0.0
     overhead_s: float = 0.0
     timed_steps: int = 0  # the steps forward_s and overhead_s cover
+    # Host synchronisations the engine's own code made in those steps (host_sync.py: reads of tensor
+    # data and tensors made from host values; on a GPU each waits for the device), and the most in one step.
+    host_syncs: int = 0
+    host_syncs_max_step: int = 0
 
     def add_step(self, step: StepStats) -> None:
         self.steps.append(step)
         self.draft_s += step.draft_s
         self.verify_s += step.verify_s
 
-    def add_step_time(self, wall_s: float, forward_s: float) -> None:
-        """One decode step's wall time, of which `forward_s` in model forwards."""
+    def add_step_time(self, wall_s: float, forward_s: float, host_syncs: int = 0) -> None:
+        """One decode step's wall time, of which `forward_s` in model forwards, and its host syncs."""
         self.forward_s += forward_s
         self.overhead_s += max(0.0, wall_s - forward_s)
         self.timed_steps += 1
+        self.host_syncs += host_syncs
+        self.host_syncs_max_step = max(self.host_syncs_max_step, host_syncs)
 
     @property
     def accepted_lengths(self) -> list[int]:
@@ -87,6 +93,7 @@ class SampleStats:
             verify_step_ms=1000 * self.verify_s / n if n else 0.0,
             num_draft_nodes=[s.num_draft_nodes for s in self.steps],
             overhead_step_ms=1000 * self.overhead_s / self.timed_steps if self.timed_steps else 0.0,
+            host_syncs_per_step=self.host_syncs / self.timed_steps if self.timed_steps else 0.0,
         )
         if any(s.plan for s in self.steps):  # what the adaptive policy chose, step by step
             d.update(plan_depth=[(s.plan or {}).get("depth", 0) for s in self.steps],

@@ -150,6 +150,12 @@ def _speedups(base: list[dict], recs: list[dict]) -> dict:
     return out
 
 
+def _median_of(recs: list[dict], key: str) -> float | None:
+    """The median of a per-request field over the records that have it (None: none has)."""
+    values = [r[key] for r in recs if key in r]
+    return statistics.median(values) if values else None
+
+
 def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dict]) -> dict:
     """One method's figures; `base` is vanilla's records on the same `samples`."""
     steps = sum(r["num_steps"] for r in recs)
@@ -169,6 +175,10 @@ def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dic
         "draft_ms_per_draft": 1000 * sum(r["drafted_draft_s"] for r in recs)
         / max(1, sum(1 for r in recs for n in r["num_draft_nodes"] if n)),  # steps that drafted only
         "verify_step_ms": 1000 * sum(r["verify_s"] for r in recs) / max(1, steps),
+        # the engine's own cost per step (median over requests): host work outside the models' forwards,
+        # and host synchronisations made by its code (decoding/host_sync.py)
+        "host_step_ms": _median_of(recs, "overhead_step_ms"),
+        "host_syncs_per_step": _median_of(recs, "host_syncs_per_step"),
         # the draft's bill: its share of the decode time (drafting, its catch-up forwards included)
         "draft_share": sum(r["draft_s"] for r in recs) / max(1e-12, sum(r["decode_s"] for r in recs)),
         "mean_draft_nodes": sum(sum(r["num_draft_nodes"]) for r in recs) / max(1, steps),
@@ -487,13 +497,14 @@ def check_assistant_dtypes(value: str) -> None:
 VIDEO_COLUMNS = ("tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "e2e_speedup_ci", "e2e_verdict",
                  "e2e_speedup_total", "draft_prepare_ms",
                  "draft_prepared_share", "decode_tokens_per_s", "draft_step_ms", "draft_ms_per_draft", "draft_share",
-                 "verify_step_ms", "quality", "retention", "facts_lost", "exact_match_rate", "kept_visual_tokens")
+                 "verify_step_ms", "host_step_ms", "host_syncs_per_step", "quality", "retention", "facts_lost",
+                 "exact_match_rate", "kept_visual_tokens")
 # text prompts have no task metric: speed, acceptance and step costs, and exact match to vanilla
 TEXT_COLUMNS = ("tau", "tokens_per_step", "decode_speedup", "e2e_speedup", "e2e_speedup_ci", "e2e_verdict",
                 "e2e_speedup_total", "draft_prepare_ms",
                 "draft_prepared_share", "prefill_ms", "decode_tokens_per_s", "e2e_tokens_per_s", "draft_step_ms",
                 "draft_ms_per_draft", "draft_share",
-                "verify_step_ms", "mean_draft_nodes", "exact_match_rate")
+                "verify_step_ms", "host_step_ms", "host_syncs_per_step", "mean_draft_nodes", "exact_match_rate")
 
 
 def _cell(value) -> str:

@@ -14,7 +14,8 @@ Everything here reads the rows rows.py builds (summary.json's "rows"), nothing e
   of its tasks. A speedup whose interval holds 1.0 reads "≈1 (1.02x)": no clear difference, neither
   a gain nor a loss; one without an interval (under 6 requests) "(1.10x) too few requests".
 - breakdown_cells(): mean milliseconds per request in each phase, per leaderboard column and method,
-  over the requests the speedups use, with the baseline arms those speedups compare with beside it.
+  over the requests the speedups use, with the baseline arms those speedups compare with beside it,
+  and the engine's own cost per decode step (host work outside the forwards, host synchronisations).
 """
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ METHOD_CHARS = 24
 GROUPS = ("short videos", "long videos", "multiple choice")
 PHASES = ("preprocess", "target prefill", "draft preparation", "pruning", "decode", "other")
 TOO_FEW = "too few requests"  # judges.stats.SpeedupInterval.verdict without an interval
+# per decode step, from the stats records (decoding/stats.py): the host work outside the models'
+# forwards, and the host synchronisations the engine's own code made (decoding/host_sync.py)
+STEP_FIELDS = {"host_ms_per_step": "overhead_step_ms", "host_syncs_per_step": "host_syncs_per_step"}
 PAIRED_KEY = "e2e_paired_s_per_token"  # a row's [[baseline, method] seconds per generated token] per request
 
 
@@ -81,6 +85,10 @@ def breakdown_fields(records: list[Mapping]) -> dict | None:
     per = [phase_seconds(r) for r in records]
     out = {k: sum(p[k] for p in per) / len(per) for k in (*PHASES, "e2e")}
     tokens = [max(1.0, float(r.get("num_new_tokens") or 0)) for r in records]
+    for key, field in STEP_FIELDS.items():  # the engine's own cost per decode step, where recorded
+        values = [float(r[field]) for r in records if r.get("timed_steps") and _finite(r.get(field))]
+        if len(values) == len(records):
+            out[key] = sum(values) / len(values)
     return {**out, "new_tokens": sum(tokens) / len(tokens), "n": len(records)}
 
 
@@ -255,16 +263,17 @@ def overall(rows: list[dict]) -> dict[str, dict]:
 # ---------------------------------------------------------------------------------- breakdown
 
 
-BREAKDOWN_HEADERS = ["tasks", "method", "requests (cold)", *(f"{p} ms" for p in PHASES), "e2e ms", "ms/token",
-                     "baseline ms/token"]
+BREAKDOWN_HEADERS = ["tasks", "method", "requests (cold)", "host ms/step", "host syncs/step",
+                     *(f"{p} ms" for p in PHASES), "e2e ms", "ms/token", "baseline ms/token"]
 
 
 def pooled_breakdown(parts: list[dict]) -> dict:
     """Several rows' breakdowns as one: means over all their requests (each row weighs its n)."""
     n = sum(p.get("n", 1) for p in parts)
     out = {k: sum(p[k] * p.get("n", 1) for p in parts) / n for k in (*PHASES, "e2e")}
-    if all("new_tokens" in p for p in parts):
-        out["new_tokens"] = sum(p["new_tokens"] * p.get("n", 1) for p in parts) / n
+    for key in ("new_tokens", *STEP_FIELDS):
+        if all(key in p for p in parts):
+            out[key] = sum(p[key] * p.get("n", 1) for p in parts) / n
     return out
 
 
@@ -292,6 +301,7 @@ def breakdown_cells(rows: list[dict], baseline: str) -> list[list[str]]:
             label = f"{m} (own run)" if m == baseline and paired else m
             timed = sum(r["time_breakdown"].get("n", 0) for r in mine)
             cold = sum(r.get("cold_starts") or 0 for r in mine)
-            out.append([name, label, f"{timed} ({cold})", *(f"{1000 * mean[k]:.1f}" for k in (*PHASES, "e2e")),
+            out.append([name, label, f"{timed} ({cold})", _f(mean.get("host_ms_per_step"), ".2f"),
+                        _f(mean.get("host_syncs_per_step"), ".1f"), *(f"{1000 * mean[k]:.1f}" for k in (*PHASES, "e2e")),
                         _f(ms_per_token(mean), ".2f"), _f(base_ms, ".2f")])
     return out

@@ -64,8 +64,7 @@ class Grower:
         expanded = (torch.full((1,), -1, dtype=torch.long, device=self.device), zero, zero)  # global idx, score, value
         levels: list[Nodes] = []
         vis = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # fed nodes' visibility
-        fed_row = torch.zeros(0, dtype=torch.long, device=self.device)  # global node -> fed row (-1: not fed)
-        num = 0
+        num, above = 0, None  # above: the fed row of each node expanded into this level (None: the root)
         for depth, level in enumerate(shape.levels, start=1):
             rows, ranks, _ = self._tensors(level)
             top = logp.topk(int(max(level.ranks)) + 1, dim=-1)
@@ -75,13 +74,14 @@ class Grower:
                         score=expanded[1][rows] + lp, value=expanded[2][rows] + gain,
                         depth=torch.full_like(rows, depth))
             levels.append(new)
-            fed_row = torch.cat([fed_row, torch.full_like(rows, -1)])
             if depth == shape.depth:
                 break
             pick = self._expand(shape.levels[depth], new.value)  # level-local indices to feed
-            parent_row = fed_row[new.parents[pick].clamp(min=0)].masked_fill(new.parents[pick] < 0, -1)
+            # a node's parent is the expanded node rows[i], fed (if not the root) at row above[rows[i]]
+            picked_rows = rows[pick]
+            parent_row = torch.full_like(picked_rows, -1) if above is None else above[picked_rows]
             vis = extend_visibility(vis, parent_row)
-            fed_row[num + pick] = torch.arange(vis.shape[0] - pick.numel(), vis.shape[0], device=self.device)
+            above = torch.arange(vis.shape[0] - pick.numel(), vis.shape[0], device=self.device)
             logits = feed(new.tokens[pick], vis[-pick.numel():], parent_row, depth)
             logp = torch.log_softmax(logits.float(), dim=-1)
             expanded = (num + pick, new.score[pick], new.value[pick])
@@ -258,3 +258,25 @@ class TreePlanner:
         if self.gate is not None:
             return self.gate.estimates()
         return None if self.policy is None else self.policy.estimates()
+
+
+class UnfedTokens:
+    """The tokens committed since a drafter last fed its model, kept on the device as the steps
+    commit them (Scores.committed_ids), so that its catch-up needs no upload of host token ids."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.tokens: list[int] = []
+        self.ids: list[torch.Tensor] | None = []  # None: some step's tokens are not on the device
+
+    def add(self, tokens: list[int], ids: torch.Tensor | None) -> None:
+        self.tokens += tokens
+        self.ids = None if ids is None or self.ids is None else self.ids + [ids]
+
+    def take(self, new: list[int]) -> torch.Tensor | None:
+        """[len(new)] the device ids of `new` when they are what was committed since the last take; then clears."""
+        ids = torch.cat(self.ids) if self.ids and self.tokens == new else None
+        self.clear()
+        return ids

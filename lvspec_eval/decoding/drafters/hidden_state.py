@@ -67,6 +67,8 @@ class HiddenStateDrafter:
         self.num_generated = 0
         self.follows = True  # whether this request may draft (then the target's h are recorded step by step)
         self.planner: growth.TreePlanner | None = None  # the draft shape policy, made on first use
+        self._unfed = growth.UnfedTokens()  # the committed tokens not yet fed, on the device where known
+        self._draft: Draft | None = None  # the last proposal (observe reads its tokens on the device)
 
     # ---- subclass hooks -----------------------------------------------------------------------
     def _prompt_rows(self, inputs: PreparedInputs, hidden: torch.Tensor
@@ -96,7 +98,9 @@ class HiddenStateDrafter:
             self.planner = growth.TreePlanner(self.tree, self.target.device, self.target.eos_token_ids)
         self.planner.start_sample(inputs.extra.get("max_new_tokens"), int(inputs.input_ids.shape[1]), self.eager,
                                   inputs.extra.get("prefill_s"))
-        self.cache, self.preparation, self.known, self.num_generated = None, None, [], 0
+        self.cache, self.preparation, self.known, self.num_generated, self._draft = None, None, [], 0, None
+        self._unfed.clear()
+        self._unfed.add(list(target_state.pending), target_state.pending_on_device())  # the first root
         self._request = (inputs, target_state, clock)
         self.follows = inputs.extra.get("may_draft", True)  # no: the request never drafts, nothing to follow
         return self.prepare(0).as_dict() if self.eager else {}
@@ -136,12 +140,14 @@ class HiddenStateDrafter:
         self.num_generated = len(generated)
         shape, plan = self.planner.next_shape(len(generated))
         if shape is None:  # the draft policy expects no draft to pay this step
-            return Draft.empty(self.target.device, plan)
+            self._draft = Draft.empty(self.target.device, plan)
+            return self._draft
         if self.cache is None:  # the first draft of this request: prepare the head now (lazy)
             self.prepare(len(generated))
         try:
             logits, out, tail = self._catch_up(generated)
-            return self._grow(shape, plan, logits, out, tail, len(generated) - 1)
+            self._draft = self._grow(shape, plan, logits, out, tail, len(generated) - 1)
+            return self._draft
         finally:
             crop_cache(self.cache, self.cache_len)  # drop the tail's and the tree's temporary entries
             self.temp_len = 0
@@ -150,6 +156,8 @@ class HiddenStateDrafter:
     def observe(self, verdict, scores, step=None) -> None:
         """Record the target's true h for the pending tokens and the accepted cached nodes (in a
         request that may draft: in one that cannot, the loop asks the target for no hidden states)."""
+        if self._draft is not None:
+            self._unfed.add(verdict.tokens, scores.committed_ids(self._draft, verdict))
         if not self.follows:
             if step is not None:
                 self.planner.observe(verdict, scores, step)
@@ -207,7 +215,9 @@ class HiddenStateDrafter:
         stop = min(len(generated), len(self.known) + 1)  # token i needs the h of token i - 1
         if stop > self.num_fed:
             prev = torch.stack([self._prev_hidden(i - 1) for i in range(self.num_fed, stop)])
-            self._feed_committed(torch.tensor(generated[self.num_fed:stop]), prev)
+            new = generated[self.num_fed:stop]
+            ids = self._unfed.take(new)  # the committed tokens on the device (else copied up)
+            self._feed_committed(torch.tensor(new) if ids is None else ids, prev)
             self.num_fed = stop
         logits, out = self.last
         for i in range(stop, len(generated)):  # pending tokens after the first unknown h

@@ -75,6 +75,8 @@ class ModelDrafter:
         self.num_fed = 0  # generated tokens already in the draft cache
         self._root_logits: torch.Tensor | None = None  # draft logits after the last fed token
         self._request: tuple | None = None  # (target, inputs, target state, clock, embeds) until prepared
+        self._unfed = growth.UnfedTokens()  # the committed tokens not yet fed, on the device where known
+        self._draft: Draft | None = None  # the last proposal (observe reads its tokens on the device)
 
     def start(self, target: Backend, inputs: PreparedInputs, target_state: DecodeState, clock) -> dict:
         """Take the request; prepare the draft now when eager. Returns the preparation's figures
@@ -90,7 +92,9 @@ class ModelDrafter:
         self.planner.start_sample(inputs.extra.get("max_new_tokens"), int(inputs.input_ids.shape[1]), self.eager,
                                   inputs.extra.get("prefill_s"))
         embeds = inputs.extra.get("embeds") if self.backend is None else None  # Self-SD: the target's
-        self.state, self.preparation, self.num_fed = None, None, 0
+        self.state, self.preparation, self.num_fed, self._draft = None, None, 0, None
+        self._unfed.clear()
+        self._unfed.add(list(target_state.pending), target_state.pending_on_device())  # the first root
         self._request = (target, inputs, target_state, clock, embeds)
         if self.eager:
             return self.prepare(0).as_dict()
@@ -127,6 +131,8 @@ class ModelDrafter:
         return self.preparation
 
     def observe(self, verdict, scores, step=None) -> None:
+        if self._draft is not None:
+            self._unfed.add(verdict.tokens, scores.committed_ids(self._draft, verdict))
         if step is not None:
             self.planner.observe(verdict, scores, step)
 
@@ -142,17 +148,20 @@ class ModelDrafter:
         """The request is over: let go of its tensors (the target's inputs and cache, the draft's
         cache) now, outside its timed window, as vanilla's go when the loop returns; held until the next
         request's `start`, they were freed inside that request's window."""
-        self._request, self.state, self._root_logits = None, None, None
+        self._request, self.state, self._root_logits, self._draft = None, None, None, None
+        self._unfed.clear()
 
     def propose(self, generated: list[int]) -> Draft:
         shape, plan = self.planner.next_shape(len(generated))
         if shape is None:  # the policy expects no draft to pay this step: the target decodes alone
-            return Draft.empty(self.active.device, plan)
+            self._draft = Draft.empty(self.active.device, plan)
+            return self._draft
         if self.state is None:  # the first draft of this request: prepare it now (lazy)
             self.prepare(len(generated))
         root_logits = self._refeed(generated)
         try:
-            return self._grow(shape, plan, root_logits)
+            self._draft = self._grow(shape, plan, root_logits)
+            return self._draft
         finally:
             self.active.keep(self.state, 0)  # drop the tree's temporary entries
 
@@ -164,7 +173,9 @@ class ModelDrafter:
         st, device = self.state, self.active.device
         st.pending = []
         offsets = torch.arange(len(new), device=device)
-        logits, _ = self.active.forward(st, torch.tensor(new, device=device), offsets, None)  # causal
+        ids = self._unfed.take(new)
+        ids = torch.tensor(new, device=device) if ids is None else ids.to(device)
+        logits, _ = self.active.forward(st, ids, offsets, None)  # causal
         self.active.keep(st, len(new))
         self.num_fed = len(generated)
         self._root_logits = logits[-1]
