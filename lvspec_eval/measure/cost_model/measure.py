@@ -66,8 +66,10 @@ def measure_drafter(backend: Backend, drafter: str, num_visual: int, cfg: CostCo
     inputs = backend.synthetic_inputs(n, cfg.prompt_tokens, cfg.seed)
     prune = PruneConfig(ratio=cfg.prune_ratio) if drafter == "pruned" and n else None
     model_drafter = ModelDrafter(draft_tree_config(cfg), prune=prune)  # drafts with `backend`, passed as target
-    # what start() reads of the target's prefill: the attention each visual token received
-    target_view = types.SimpleNamespace(extra={"visual_attention": attention_scores(n, cfg.seed)})
+    # what start() reads of the target's prefill: the attention each visual token received, and the
+    # committed tokens the target has not fed yet (none here: `propose` is handed the committed ones)
+    target_view = types.SimpleNamespace(extra={"visual_attention": attention_scores(n, cfg.seed)},
+                                        pending=[], pending_on_device=lambda: None)
     info = {}
 
     def start():
