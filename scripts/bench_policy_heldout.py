@@ -10,7 +10,9 @@ with tree=adaptive; sd_tree with tree=chain,tree_depth=D for each of --depths; t
 generate(); its assisted generation on our draft object and each of its own assistant settings
 (bench.HF_ASSISTED_VARIANTS). Every output must equal vanilla's (exit 1 otherwise). It prints
 adaptive over generate(), over the best assisted row and over the best chain (end-to-end tokens per
-second, totals and medians of per-prompt ratios), and writes summary.json and records.jsonl.
+second, totals and medians of per-prompt ratios), and writes summary.json. Each prompt's rows are
+appended to records.jsonl as soon as they are done; run again with the same settings and it goes on
+from the first prompt not done (a records file from other settings is moved aside).
 
 Run time from the machine's cost curve (target 271 ms a token, a chain step 0.4-0.7 s for 2.5-4.5
 tokens, transformers' assisted rows about as fast as our chains): per prompt about 26 s each for
@@ -68,19 +70,50 @@ def bench_main(args) -> int:
     torch.set_num_threads(args.threads)
     prompts = heldout_prompts(args.per_kind)
     samples = [{"id": k, "scene": None, "prompt": p, "video": None, "answer": None} for k, p in enumerate(prompts)]
-    target = load_backend(args.target, **LOAD)
-    draft = load_draft(args.draft, args.draft_dtype, **LOAD)
-    records = bench.run_methods(runners(args, target, draft), samples, args.max_new_tokens)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "records.jsonl").open("w") as f:
-        for name, recs in records.items():
-            for r in recs:
-                f.write(json.dumps({"method": name, **r}, default=str) + "\n")
+    settings = {k: getattr(args, k) for k in ("target", "draft", "draft_dtype", "depths", "max_new_tokens", "threads")}
+    records = resumed(out / "records.jsonl", settings, prompts)
+    done = len(records["vanilla"]) if records else 0
+    if done:
+        print(f"resuming: {done} of {len(samples)} prompts already in {out / 'records.jsonl'}", flush=True)
+    if done < len(samples):
+        target = load_backend(args.target, **LOAD)
+        draft = load_draft(args.draft, args.draft_dtype, **LOAD)
+
+        def save(sample_records: dict) -> None:  # each prompt's rows as soon as they are done
+            with (out / "records.jsonl").open("a") as f:
+                for name, r in sample_records.items():
+                    f.write(json.dumps({"method": name, "settings": settings, **r}, default=str) + "\n")
+
+        new = bench.run_methods(runners(args, target, draft), samples[done:], args.max_new_tokens,
+                                first_index=done, on_sample=save)
+        records = {name: records.get(name, []) + recs for name, recs in new.items()}
     summary = figures(records)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return 0 if summary["all_identical"] else 1
+
+
+def resumed(path: Path, settings: dict, prompts: list[str]) -> dict[str, list[dict]]:
+    """The records an interrupted run with the same settings left (name -> records, whole prompts
+    only, in order); a file from other settings is moved aside, not mixed in."""
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if any(r.get("settings") != settings for r in rows):
+        aside = path.with_suffix(".other-settings.jsonl")
+        path.replace(aside)
+        print(f"{path} came from other settings: moved to {aside}", flush=True)
+        return {}
+    records: dict[str, list[dict]] = {}
+    for r in rows:
+        records.setdefault(r["method"], []).append(r)
+    whole = min(min(len(v) for v in records.values()), len(prompts))
+    for k, recs in enumerate(records.get("vanilla", [])[:whole]):
+        if recs["sample"] != k:
+            raise SystemExit(f"{path}: prompt {k} out of order; delete the file to start again")
+    return {name: recs[:whole] for name, recs in records.items()}
 
 
 def _rate(recs: list[dict]) -> float:

@@ -200,21 +200,28 @@ def summarise(method: str, recs: list[dict], base: list[dict], samples: list[dic
     }
 
 
-def run_methods(runners: dict, samples: list[dict], max_new_tokens: int) -> dict[str, list[dict]]:
+def run_methods(runners: dict, samples: list[dict], max_new_tokens: int, first_index: int = 0,
+                on_sample=None) -> dict[str, list[dict]]:
     """Per sample, every runner back to back, the order rotating by one per sample.
 
     runners: name -> anything with Runner's `generate(prompt, videos, max_new_tokens)` (our
-    methods, and HFGenerate for transformers' own)."""
+    methods, and HFGenerate for transformers' own). `first_index`: the first sample's place in the
+    whole set (the rotation of a resumed run goes on where it stopped); `on_sample(records)`, where
+    given, gets each sample's records (name -> record) as soon as its rows are done."""
     names = list(runners)
     first = samples[0]
     for r in runners.values():  # warm-up, untimed
         r.generate(first["prompt"], _videos(first), min(8, max_new_tokens))
     records: dict[str, list[dict]] = {n: [] for n in names}
-    for i, s in enumerate(tqdm(samples, desc="bench", unit="sample")):
+    for i, s in enumerate(tqdm(samples, desc="bench", unit="sample"), start=first_index):
+        done = {}
         for name in names[i % len(names):] + names[: i % len(names)]:
             gen = runners[name].generate(s["prompt"], _videos(s), max_new_tokens)
-            rec = dict(gen.stats, quality=quality(s, gen.text), text=gen.text, sample=s["id"])
-            records[name].append(rec)
+            done[name] = dict(gen.stats, quality=quality(s, gen.text), text=gen.text, sample=s["id"])
+        for name in names:
+            records[name].append(done[name])
+        if on_sample is not None:
+            on_sample(done)
     return records
 
 
