@@ -1,10 +1,10 @@
 """Issue 53's figures, for an idle machine (`make bench-policy-heldout`; not part of `make test`).
 
-    python scripts/bench_policy_heldout.py bench [--pair DIR] [--per-kind 2] [--depths 2,3,4,6,8]
+    python scripts/bench_policy_heldout.py bench [--pair DIR] [--prompts heldout] [--per-kind 2] [--depths 2,3,4,6,8]
     python scripts/bench_policy_heldout.py demo-check NEW_SUMMARY.json [--reference results/demo/summary.json]
 
 bench: the real pair (scripts/realpair/build.sh) on the held-out prompt set (`--prompts heldout`,
-never tuned on), 96 new tokens, target float32, the draft in --draft-dtype (int8 by default), one
+never tuned on; `--prompts builtin` for the set the policy was tuned on), 96 new tokens, target float32, the draft in --draft-dtype (int8 by default), one
 process, the rows in rotating order per prompt (measure/bench.py run_methods): our vanilla; sd_tree
 with tree=adaptive; sd_tree with tree=chain,tree_depth=D for each of --depths; transformers'
 generate(); its assisted generation on our draft object and each of its own assistant settings
@@ -14,12 +14,11 @@ second, totals and medians of per-prompt ratios), and writes summary.json. Each 
 appended to records.jsonl as soon as they are done; run again with the same settings and it goes on
 from the first prompt not done (a records file from other settings is moved aside).
 
-Run time from the machine's cost curve (target 271 ms a token, a chain step 0.4-0.7 s for 2.5-4.5
-tokens, transformers' assisted rows about as fast as our chains): per prompt about 26 s each for
-vanilla and generate(), 15 s per chain and for adaptive, 18 s per assisted row: 232 s with 5 chains
-and 5 assisted rows; with 2 prompts per kind (6 prompts: code, prose, question answering) about
-23 minutes, plus loading and the untimed warm-up (about 2). The chain depths default to 2,3,4,6,8
-(7 and 5 left out to keep it under 25 minutes; --depths 2,3,4,5,6,7,8 adds about 3 minutes).
+Run time depends on the machine's memory bandwidth (the fp32 target's token is a 6 GB read):
+on an Intel Xeon's curve (target 271 ms a token) about 4 minutes a prompt with 5 chains and 5
+assisted rows; on a 2-core AMD EPYC (AVX2 only) 7.5 minutes a prompt with 4 chains (vanilla 57 s,
+generate() 64 s, the assisted rows 37-43 s, chains and adaptive 22-27 s), so `--per-kind 1` (3
+prompts) takes about 25 minutes there, the default 6 prompts 45.
 
 demo-check: every caption and multiple-choice row of a new demo summary (`lvspec-eval demo --out
 DIR --length-methods ""`) against last round's reference (results/demo/summary.json): a row fails
@@ -47,6 +46,16 @@ def heldout_prompts(per_kind: int) -> list[str]:
     return [by_kind[k][i] for i in range(per_kind) for k in kinds if i < len(by_kind[k])]
 
 
+def chosen_prompts(source: str, per_kind: int) -> list[str]:
+    """The held-out set's first `per_kind` prompts of each kind; another set (`builtin`, the one the
+    policy was tuned on, or a file): its first 3 * per_kind prompts, as many."""
+    if source == "heldout":
+        return heldout_prompts(per_kind)
+    from lvspec_eval.measure import prompts
+
+    return prompts.load(source)[:3 * per_kind]
+
+
 def runners(args, target, draft) -> dict:
     from lvspec_eval.decoding.runner import Runner
     from lvspec_eval.measure import bench
@@ -68,11 +77,12 @@ def bench_main(args) -> int:
     from lvspec_eval.measure import bench
 
     torch.set_num_threads(args.threads)
-    prompts = heldout_prompts(args.per_kind)
+    prompts = chosen_prompts(args.prompts, args.per_kind)
     samples = [{"id": k, "scene": None, "prompt": p, "video": None, "answer": None} for k, p in enumerate(prompts)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {k: getattr(args, k) for k in ("target", "draft", "draft_dtype", "depths", "max_new_tokens", "threads")}
+    settings = {k: getattr(args, k) for k in ("prompts", "target", "draft", "draft_dtype", "depths", "max_new_tokens",
+                                              "threads")}
     records = resumed(out / "records.jsonl", settings, prompts)
     done = len(records["vanilla"]) if records else 0
     if done:
@@ -80,19 +90,21 @@ def bench_main(args) -> int:
     if done < len(samples):
         target = load_backend(args.target, **LOAD)
         draft = load_draft(args.draft, args.draft_dtype, **LOAD)
-
-        def save(sample_records: dict) -> None:  # each prompt's rows as soon as they are done
-            with (out / "records.jsonl").open("a") as f:
-                for name, r in sample_records.items():
-                    f.write(json.dumps({"method": name, "settings": settings, **r}, default=str) + "\n")
-
-        new = bench.run_methods(runners(args, target, draft), samples[done:], args.max_new_tokens,
-                                first_index=done, on_sample=save)
+        new = bench.run_methods(runners(args, target, draft), samples[done:], args.max_new_tokens, first_index=done,
+                                on_sample=lambda recs: append_records(out / "records.jsonl", recs, settings))
         records = {name: records.get(name, []) + recs for name, recs in new.items()}
     summary = figures(records)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return 0 if summary["all_identical"] else 1
+
+
+def append_records(path: Path, sample_records: dict[str, dict], settings: dict) -> None:
+    """One prompt's rows, each under its row's name (a record's own `method` is the decoder's:
+    sd_tree for the adaptive row and every chain alike)."""
+    with path.open("a") as f:
+        for name, r in sample_records.items():
+            f.write(json.dumps(dict(r, method=name, settings=settings), default=str) + "\n")
 
 
 def resumed(path: Path, settings: dict, prompts: list[str]) -> dict[str, list[dict]]:
@@ -162,7 +174,10 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench")
     b.add_argument("--pair", default=str(Path.home() / ".cache" / "lvspec-realpair"))
-    b.add_argument("--per-kind", type=int, default=2, help="held-out prompts per kind (code, prose, qa)")
+    b.add_argument("--prompts", default="heldout",
+                   help="heldout (never tuned on; the headline), builtin (tuned on) or a prompt file")
+    b.add_argument("--per-kind", type=int, default=2,
+                   help="held-out prompts per kind (code, prose, qa); another set: 3 times as many of its first")
     b.add_argument("--depths", default="2,3,4,6,8", help="chain depths, comma-separated")
     b.add_argument("--draft-dtype", default="int8")
     b.add_argument("--max-new-tokens", type=int, default=96)

@@ -55,3 +55,14 @@ def test_resume_keeps_whole_prompts_and_moves_other_settings_aside(tmp_path):
 
     assert script.resumed(path, {**settings, "draft_dtype": "bfloat16"}, ["p0", "p1"]) == {}
     assert not path.exists() and path.with_suffix(".other-settings.jsonl").exists()
+
+
+def test_rows_are_saved_under_their_own_names_not_the_decoders(tmp_path):
+    settings, path = {"depths": "3"}, tmp_path / "records.jsonl"
+    for k in range(2):
+        script.append_records(path, {"vanilla": {"method": "vanilla", "sample": k},
+                                     "adaptive": {"method": "sd_tree", "sample": k},
+                                     "chain3": {"method": "sd_tree", "sample": k}}, settings)
+    got = script.resumed(path, settings, ["p0", "p1"])
+    assert sorted(got) == ["adaptive", "chain3", "vanilla"]
+    assert [r["sample"] for r in got["chain3"]] == [0, 1]

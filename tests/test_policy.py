@@ -217,7 +217,8 @@ def test_best_plan_is_the_formula_maximised_over_every_depth_and_width(seed):
     policy.generated = 5 * seed
 
     def rate(depth, width):
-        c = min(0.99, policy.accept_rate(width) + 0.3 / (1.0 + policy.accept[width].trials))
+        first, deeper = policy.accept_rate(width)  # optimism for a width tried little: on its first level
+        c = (min(0.99, first + 0.3 / (1.0 + policy.accept[width].trials)), deeper)
         expected = 1.0 + min(max(policy.remaining() - 1.0, 0.0),
                              policy._correction() * policy._model_accepted(c, depth))
         cost = policy.draft.predict([1, depth - 1, width * (depth - 1)]) \

@@ -83,13 +83,18 @@ def test_cost_model_grows_plans_from_what_was_measured_and_forgets():
 def test_path_ranks_orders_siblings_by_draft_score():
     # root -> 0 (score -1), 1 (score -0.5): node 1 ranks first; 1 -> 2, 3
     view = _view([-1, -1, 1, 1], scores=[-1.0, -0.5, -0.9, -0.7])
-    ranks, tried_last, tried = path_ranks(view, [0])
-    assert ranks == [1] and not tried_last  # node 0 is the second best; it has no children
+    ranks, short, tried = path_ranks(view, [0])
+    # node 0 is the second best; it has no children, but the tree went on at level 2 (under node 1):
+    # the target's token after node 0 was not among the nodes kept there, a miss
+    assert ranks == [1] and short
     assert tried == [(1, False), (0, True)]
-    ranks, tried_last, _ = path_ranks(view, [1, 2])
-    assert ranks == [0, 1] and not tried_last
-    ranks, tried_last, _ = path_ranks(view, [1])  # accepted 1, then missed both its children
-    assert ranks == [0] and tried_last
+    ranks, short, _ = path_ranks(view, [1, 2])
+    assert ranks == [0, 1] and not short  # the tree's end: no miss
+    ranks, short, _ = path_ranks(view, [1])  # accepted 1, then missed both its children
+    assert ranks == [0] and short
+    ranks, short, _ = path_ranks(_view([-1, -1, 1]), [0])  # a childless node at the tree's last level but one
+    assert short
+    assert not path_ranks(_view([-1, -1]), [0])[1]  # one level: ending there is the tree's end
 
 
 def test_a_wide_step_teaches_the_narrower_widths():
@@ -99,9 +104,24 @@ def test_a_wide_step_teaches_the_narrower_widths():
     view = _view([-1, -1, 0, 0, 1, 1], scores=[-0.1, -0.2, -0.3, -0.4, -0.3, -0.4], probs=[0.5] * 6)
     for _ in range(20):
         model.learn(view, Verdict([0, 0, 0], [1, 4], 2, ["exact", "exact", "target"]), 2, None)
-    rates = model.rates()
-    assert rates[2] > before[2] and rates[1] < before[1]  # width 1 would have stopped at level 1
-    assert model.accept[1].trials == pytest.approx(model.accept[2].trials / 2, rel=0.01)
+    rates = model.rates()  # width -> (first level, each level below)
+    assert rates[2][0] > before[2][0] and rates[1][0] < before[1][0]  # width 1 would have stopped at level 1
+    assert rates[2][1] > before[2][1]  # width 2 went on at level 2
+    assert model.accept[1].trials == pytest.approx(model.accept[2].trials, rel=0.01)  # one first level a step
+    assert model.deeper[1].trials == 0 and model.deeper[2].trials > 0  # width 1 never got below it
+
+
+def test_a_path_that_leaves_the_kept_nodes_is_a_miss_below_the_first_level():
+    """A tree of 2 nodes a level whose level 2 grew under the best first node: a path through the
+    second-best first node ends at a node without children, a miss at level 2 (counted as none, the
+    model overstated wide trees: a real-pair prose prompt drafted 14-node trees for 2.3 tokens)."""
+    model = AcceptanceModel([1, 2], torch.device("cpu"))
+    view = _view([-1, -1, 0, 0], scores=[-0.1, -0.2, -0.3, -0.4], probs=[0.5] * 4)
+    for _ in range(30):
+        model.learn(view, Verdict([0, 0], [1], 1, ["exact", "target"]), 2, None)
+    first, deeper = model.rates()[2]
+    assert first > 0.9 and deeper < 0.1
+    assert model_accepted((first, deeper), 2) == pytest.approx(first * (1 + deeper))
 
 
 def test_correction_is_realised_over_predicted_within_bounds():

@@ -1,8 +1,11 @@
 """The policy's acceptance model: how often the target takes the draft's tokens.
 
-- per tree width w, the chance c_w that the step's path goes one level deeper (the target's token is
-  among the w children the draft kept), from the acceptances observed (decayed counts, so it follows
-  easy and hard stretches of a run); a width tried little borrows from the next narrower one;
+- per tree width w (w nodes a level), the chance that the step's path goes one level deeper, from the
+  acceptances observed (decayed counts, so it follows easy and hard stretches of a run), in two
+  parts: a_w at the first level (the target's token among the root's w best children) and b_w at
+  each level below (among the w nodes kept there, spread over the level above: a path that left the
+  best branch ends at a node without children, a miss); a plan `depth` deep accepts
+  a_w (1 + b_w + ... + b_w^(depth - 1)) tokens. A width tried little borrows from the next narrower one;
 - k, the realised accepted tokens over what the per-level model predicted on recent drafting steps:
   it corrects the model where levels are not independent (a loose verifier's rules, a draft that
   drifts off the target's path after a few tokens);
@@ -64,18 +67,28 @@ class Calibration:
         return [(h + (b + 0.5) / NUM_BINS) / (t + 1) for b, (h, t) in enumerate(zip(self.hits, self.trials))]
 
 
-def model_accepted(c: float, depth: int) -> float:
-    """Accepted tokens the per-level model expects of a plan `depth` levels deep: sum of c^d."""
-    return sum(c ** d for d in range(1, depth + 1))
+def model_accepted(c: float | tuple[float, float], depth: int) -> float:
+    """Accepted tokens the per-level model expects of a plan `depth` levels deep: with c = (a, b),
+    a (1 + b + ... + b^(depth - 1)); a single c is (c, c): sum of c^d."""
+    a, b = c if isinstance(c, tuple) else (c, c)
+    return sum(a * b ** d for d in range(depth))
 
 
 def path_ranks(view: HostView, path: list[int]) -> tuple[list[int], bool, list[tuple[int, bool]]]:
     """Walk the accepted `path` down the verified tree: the draft rank of each accepted child among
-    its siblings (by falling draft score where known), whether the last node reached had children
-    (the walk stopped at a miss, not at the tree's end), and (node, accepted) for every child tried."""
+    its siblings (by falling draft score where known), whether the walk stopped short of the tree's
+    deepest level (a miss, not the tree's end), and (node, accepted) for every child tried.
+
+    Stopping short is a miss both where the last node reached had children (none was the target's
+    token) and where it had none but the tree went deeper elsewhere: a tree of w nodes a level kept
+    other nodes at the next level, so the target's token was not among them. (Counting only the
+    first kind overstated wide trees' acceptance: in a dynamic tree most paths that leave the kept
+    nodes end at a childless node.)"""
     kids = [[] for _ in range(len(view.parents) + 1)]
+    depth = [0] * (len(view.parents) + 1)  # by row: the root's row 0 at depth 0
     for i, p in enumerate(view.parents):
         kids[p + 1].append(i)
+        depth[i + 1] = depth[p + 1] + 1
     if view.scores is not None:  # siblings by falling draft score: a child's rank
         kids = [sorted(k, key=lambda c: -view.scores[c]) for k in kids]
     ranks, tried, node, tried_last = [], [], -1, False
@@ -87,15 +100,16 @@ def path_ranks(view: HostView, path: list[int]) -> tuple[list[int], bool, list[t
             break
         ranks.append(options.index(nxt))
         node = nxt
-    return ranks, tried_last, tried
+    return ranks, tried_last or depth[node + 1] < max(depth), tried
 
 
 class AcceptanceModel:
-    """c_w per width, the realised-over-model correction k, and the calibration f(q)."""
+    """(a_w, b_w) per width, the realised-over-model correction k, and the calibration f(q)."""
 
     def __init__(self, widths: list[int], device: torch.device):
         self.widths, self.device = widths, device
-        self.accept = {w: Rate(prior=(2.0, 3.0)) for w in widths}
+        self.accept = {w: Rate(prior=(2.0, 3.0)) for w in widths}  # a_w: the first level
+        self.deeper = {w: Rate(prior=(2.0, 3.0)) for w in widths}  # b_w: each level below
         # realised / predicted accepted tokens on recent drafting steps (the per-level model assumes
         # levels are independent; a loose verifier's rules or a draft that drifts make deep paths rarer)
         self.realised = Rate(prior=(1.0, 1.0), decay=0.9)
@@ -103,21 +117,18 @@ class AcceptanceModel:
         self._table = torch.tensor(self.calibration.table(), device=device).log()
         self._table_age = 0
 
-    def rates(self) -> dict[int, float]:
-        """c_w for every width. A width not tried much borrows from the next narrower one: its prior
-        (worth two steps) assumes doubling the width removes 30% of the narrower width's misses."""
-        rates, base = {}, None
-        for width in self.widths:
-            r = self.accept[width]
-            prior = None if base is None else 1 - 0.7 * (1 - base)  # 30 % fewer misses than the narrower width
-            rates[width] = r.value if base is None else max(base, (r.hits + 2 * prior) / (r.trials + 2))
-            base = rates[width]
-        return rates
+    def rates(self) -> dict[int, tuple[float, float]]:
+        """(a_w, b_w) for every width. A width not tried much borrows from the next narrower one: its
+        prior (worth two steps) assumes doubling the width removes 30% of the narrower width's misses."""
+        first, deeper = _borrowing(self.widths, self.accept), _borrowing(self.widths, self.deeper)
+        return {w: (first[w], deeper[w]) for w in self.widths}
 
-    def optimistic(self) -> dict[int, float]:
-        """c_w as plans are chosen by: with optimism for widths tried little (it fades with their
-        trials), so one unlucky step does not rule a width out for the rest of the run."""
-        return {w: min(0.99, c + 0.3 / (1.0 + self.accept[w].trials)) for w, c in self.rates().items()}
+    def optimistic(self) -> dict[int, tuple[float, float]]:
+        """(a_w, b_w) as plans are chosen by: with optimism for widths tried little (it fades with
+        their trials), so one unlucky step does not rule a width out for the rest of the run."""
+        def lift(c: float, rate: Rate) -> float:
+            return min(0.99, c + 0.3 / (1.0 + rate.trials))
+        return {w: (lift(a, self.accept[w]), b) for w, (a, b) in self.rates().items()}
 
     def correction(self) -> float:
         """k, the realised accepted tokens over the model's, within [0.1, 1.5]."""
@@ -131,7 +142,7 @@ class AcceptanceModel:
     def learn(self, view: HostView, verdict: Verdict, width: int, predicted: float | None) -> None:
         """A drafting step of `width` verified `view`'s tree and accepted `verdict.path`; the model
         had `predicted` that many accepted tokens (None: no prediction to correct)."""
-        ranks, tried_last, tried = path_ranks(view, verdict.path)
+        ranks, short, tried = path_ranks(view, verdict.path)
         if view.probs is not None:
             for node, accepted in tried:
                 self.calibration.add(view.probs[node], accepted)
@@ -143,14 +154,36 @@ class AcceptanceModel:
             if w > max(width, 1):
                 break
             depth_w = next((i for i, r in enumerate(ranks) if r >= w), len(ranks))
-            stopped = depth_w < len(ranks) or tried_last
-            self.accept[w].add(depth_w, depth_w + int(stopped))
+            stopped = depth_w < len(ranks) or short
+            self.accept[w].add(min(depth_w, 1), 1 if depth_w or stopped else 0)
+            below = max(depth_w - 1, 0)  # levels passed below the first
+            self.deeper[w].add(below, below + int(stopped and depth_w > 0))
         self._table_age += 1
         if self._table_age >= TABLE_EVERY:  # refresh the device copy now and then (one small host-to-device copy)
             self._table = torch.tensor(self.calibration.table(), device=self.device).log()
             self._table_age = 0
 
     def estimates(self) -> dict:
-        return {"accept_by_width": {str(w): round(c, 4) for w, c in self.rates().items()},
+        rates = self.rates()
+        return {"accept_by_width": {str(w): round(a, 4) for w, (a, _) in rates.items()},
+                "accept_deeper_by_width": {str(w): round(b, 4) for w, (_, b) in rates.items()},
                 "realised_over_model": round(self.correction(), 4),
                 "calibration": [round(x, 4) for x in self.calibration.table()]}
+
+
+def _borrowing(widths: list[int], observed: dict[int, Rate]) -> dict[int, float]:
+    """Each width's rate; one tried little leans on the next narrower one's: that one's rate, 30 %
+    fewer misses, is its prior, and it is never below that one where that one was seen as often
+    (a narrower width seen less is mostly its own prior: no floor)."""
+    rates, narrower = {}, None
+    for width in widths:
+        r = observed[width]
+        if narrower is None:
+            rates[width] = r.value
+        else:
+            base = rates[narrower]
+            prior = 1 - 0.7 * (1 - base)
+            own = (r.hits + 2 * prior) / (r.trials + 2)
+            rates[width] = max(base, own) if observed[narrower].trials >= r.trials else own
+        narrower = width
+    return rates
