@@ -38,22 +38,22 @@ DEMO_TASKS = ("synthvid_caption", "synthvid_mcq")
 LOAD = dict(device="cpu", dtype="float32", cpu_kernels="auto")  # as `lvspec-eval bench` loads on a CPU
 
 
-def heldout_prompts(per_kind: int) -> list[str]:
-    """The first `per_kind` prompts of each kind, kinds interleaved (code, prose, qa, code, ...)."""
+def heldout_prompts(per_kind: int, start: int = 0) -> list[str]:
+    """`per_kind` prompts of each kind from the start-th on, kinds interleaved (code, prose, qa, code, ...)."""
     rows = [json.loads(line) for line in HELDOUT.read_text(encoding="utf-8").splitlines() if line.strip()]
     kinds = list(dict.fromkeys(r["kind"] for r in rows))
-    by_kind = {k: [r["prompt"] for r in rows if r["kind"] == k][:per_kind] for k in kinds}
+    by_kind = {k: [r["prompt"] for r in rows if r["kind"] == k][start:start + per_kind] for k in kinds}
     return [by_kind[k][i] for i in range(per_kind) for k in kinds if i < len(by_kind[k])]
 
 
-def chosen_prompts(source: str, per_kind: int) -> list[str]:
-    """The held-out set's first `per_kind` prompts of each kind; another set (`builtin`, the one the
-    policy was tuned on, or a file): its first 3 * per_kind prompts, as many."""
+def chosen_prompts(source: str, per_kind: int, start: int = 0) -> list[str]:
+    """The held-out set's `per_kind` prompts of each kind from the start-th on; another set
+    (`builtin`, the one the policy was tuned on, or a file): 3 * per_kind prompts from the 3 * start-th."""
     if source == "heldout":
-        return heldout_prompts(per_kind)
+        return heldout_prompts(per_kind, start)
     from lvspec_eval.measure import prompts
 
-    return prompts.load(source)[:3 * per_kind]
+    return prompts.load(source)[3 * start:3 * (start + per_kind)]
 
 
 def runners(args, target, draft) -> dict:
@@ -77,12 +77,12 @@ def bench_main(args) -> int:
     from lvspec_eval.measure import bench
 
     torch.set_num_threads(args.threads)
-    prompts = chosen_prompts(args.prompts, args.per_kind)
+    prompts = chosen_prompts(args.prompts, args.per_kind, args.start)
     samples = [{"id": k, "scene": None, "prompt": p, "video": None, "answer": None} for k, p in enumerate(prompts)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {k: getattr(args, k) for k in ("prompts", "target", "draft", "draft_dtype", "depths", "max_new_tokens",
-                                              "threads")}
+    settings = {k: getattr(args, k) for k in ("prompts", "start", "target", "draft", "draft_dtype", "depths",
+                                              "max_new_tokens", "threads")}
     records = resumed(out / "records.jsonl", settings, prompts)
     done = len(records["vanilla"]) if records else 0
     if done:
@@ -178,6 +178,9 @@ def main(argv=None) -> int:
                    help="heldout (never tuned on; the headline), builtin (tuned on) or a prompt file")
     b.add_argument("--per-kind", type=int, default=2,
                    help="held-out prompts per kind (code, prose, qa); another set: 3 times as many of its first")
+    b.add_argument("--start", type=int, default=0,
+                   help="skip the first START prompts of each kind (a fresh slice of the set: prompts a "
+                        "change was diagnosed on are not the ones its figure is reported on)")
     b.add_argument("--depths", default="2,3,4,6,8", help="chain depths, comma-separated")
     b.add_argument("--draft-dtype", default="int8")
     b.add_argument("--max-new-tokens", type=int, default=96)

@@ -66,3 +66,9 @@ def test_rows_are_saved_under_their_own_names_not_the_decoders(tmp_path):
     got = script.resumed(path, settings, ["p0", "p1"])
     assert sorted(got) == ["adaptive", "chain3", "vanilla"]
     assert [r["sample"] for r in got["chain3"]] == [0, 1]
+
+
+def test_a_later_slice_of_the_held_out_set_shares_no_prompt_with_the_first():
+    first, later = script.heldout_prompts(1), script.heldout_prompts(1, start=1)
+    assert len(first) == len(later) == 3 and not set(first) & set(later)
+    assert script.heldout_prompts(2)[3:] == later  # kinds interleaved: the second of each kind

@@ -9,7 +9,7 @@ import torch
 
 from ..tree import Shape, dynamic_shape
 from ..types import HostView, StepStats, Verdict
-from .acceptance import AcceptanceModel, model_accepted
+from .acceptance import AcceptanceModel, KeptLevels, model_accepted, tree_levels
 from .answer import AnswerLength
 from .fits import CostModel
 from .preparation import Preparation
@@ -51,6 +51,7 @@ class AdaptivePolicy:
         self.widths = [w for w in (1, 2, 4, 8, 16) if w <= max_width] or [1]
         self.costs, self.acceptance, self.answer = CostModel(), AcceptanceModel(self.widths, device), AnswerLength()
         self.schedule, self.regime, self.preparation = Schedule(), Regime(), Preparation()
+        self.kept_levels = KeptLevels()
 
     # ---- a request ---------------------------------------------------------------------------------
     def start_sample(self, budget: int | None = None, prompt_tokens: int = 0, prepared: bool = True,
@@ -121,7 +122,10 @@ class AdaptivePolicy:
         return depth, width
 
     def _deepest(self, width: int) -> int:
-        return self.costs.deepest(width, self.max_depth)
+        """Near what was measured (fits), and no deeper than one level past what the node choice
+        keeps where it cuts most trees (acceptance.KeptLevels)."""
+        deepest, cap = self.costs.deepest(width, self.max_depth), self.kept_levels.cap()
+        return deepest if cap is None else min(deepest, cap)
 
     def accept_rates(self) -> dict[int, float]:
         return self.acceptance.rates()
@@ -182,6 +186,8 @@ class AdaptivePolicy:
             self.costs.regrow()
         if view is not None and step.num_draft_nodes:
             self.acceptance.learn(view, verdict, width, self._predicted(plan, view))
+            if depth:
+                self.kept_levels.observe(depth, tree_levels(view))
 
     @staticmethod
     def _predicted(plan: dict, view: HostView) -> float | None:
@@ -191,13 +197,10 @@ class AdaptivePolicy:
         policy drafted shallower than the best fixed chain)."""
         if not plan.get("model_accepted"):
             return None
-        levels = []
-        for p in view.parents:  # parents come before their children
-            levels.append(1 if p < 0 else levels[p] + 1)
-        return model_accepted(plan["est_accept"], min(plan["depth"], max(levels, default=0)))
+        return model_accepted(plan["est_accept"], min(plan["depth"], tree_levels(view)))
 
     def estimates(self) -> dict:
         """The current estimates, for the stats record (so a user can see why it drafted as it did)."""
         mean = self.mean_length
         return {**self.costs.estimates(), "mean_answer_tokens": None if mean is None else round(mean, 2),
-                **self.acceptance.estimates(), **self.preparation.estimates()}
+                **self.acceptance.estimates(), **self.preparation.estimates(), "kept_levels_cap": self.kept_levels.cap()}
