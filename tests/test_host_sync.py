@@ -118,3 +118,16 @@ def test_hybrid_linear_attention_adds_no_syncs(qwen3_5_family, demo, method, mon
         worst[name] = record["host_syncs_max_step"]
         assert worst[name] <= MAX_PER_STEP, f"{method} {name}: {where}"
     assert worst["EAGLE-2 (depth 5, top-10, 60 nodes)"] <= worst["small dynamic (depth 3, top-2, 6 nodes)"] + 1
+
+
+def test_a_staged_upload_carries_the_values_and_makes_no_sync():
+    """The policy's calibration table reaches the device this way every few steps: counted as the
+    engine's code is (decoding/staged_upload.py), it makes no host synchronisation."""
+    from lvspec_eval.decoding.staged_upload import StagedUpload
+
+    values = [0.1, 0.25, 0.7]
+    staged = StagedUpload(3, "cpu")
+    with host_sync.SyncCounter(keep_where=True) as counter:
+        first, second = staged.upload(values), staged.upload(values[::-1])
+    assert counter.count == 0, counter.where
+    assert first.tolist() == torch.tensor(values).tolist() and second.tolist() == torch.tensor(values[::-1]).tolist()

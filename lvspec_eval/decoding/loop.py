@@ -195,13 +195,17 @@ def _record_preparation(stats: SampleStats, preparation) -> None:
 
 def _forward_modules(backend: Backend, drafter) -> list[torch.nn.Module]:
     """The modules whose forwards are model work (the rest of a step is the loop's overhead): the
-    target's and the draft model's decoder stacks and LM heads, and a drafter's own head (Sparrow, MTP)."""
+    target's and the draft model's decoder stacks and LM heads, and a drafter's own head (Sparrow, MTP)
+    with its direct parts (its input projection runs outside its forward) and the embedding it reads."""
     modules = [backend.text_model(), backend.model.lm_head]
     draft = getattr(drafter, "backend", None)
     if draft is not None and draft is not backend:
         modules += [draft.text_model(), draft.model.lm_head]
     head = getattr(drafter, "head", None)
-    return modules + ([head] if isinstance(head, torch.nn.Module) else [])
+    if isinstance(head, torch.nn.Module):
+        modules += [head, *head.children()]
+    embed = getattr(drafter, "embed", None)
+    return modules + ([embed] if isinstance(embed, torch.nn.Module) else [])
 
 
 def _greedy_with_margin(logits: torch.Tensor) -> tuple[int, float]:

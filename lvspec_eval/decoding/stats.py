@@ -104,17 +104,22 @@ class SampleStats:
 
 class ForwardClock:
     """Seconds spent inside the forwards of some modules (host wall clock, summed), while entered:
-    a pre-hook and a hook per module, removed on exit. Modules must not nest (a decoder stack and its
-    LM head are siblings)."""
+    a pre-hook and a hook per module, removed on exit. Modules may nest (a head's projection called
+    on its own and inside the head): time counts from the outermost call's start to its end."""
 
     def __init__(self, modules):
-        self.modules, self.seconds, self._handles, self._started = list(modules), 0.0, [], 0.0
+        self.modules, self.seconds, self._handles, self._started = list(dict.fromkeys(modules)), 0.0, [], 0.0
+        self._depth = 0
 
     def _start(self, *_args) -> None:
-        self._started = time.perf_counter()
+        if not self._depth:
+            self._started = time.perf_counter()
+        self._depth += 1
 
     def _stop(self, *_args) -> None:
-        self.seconds += time.perf_counter() - self._started
+        self._depth -= 1
+        if not self._depth:
+            self.seconds += time.perf_counter() - self._started
 
     def __enter__(self) -> Self:
         for module in self.modules:

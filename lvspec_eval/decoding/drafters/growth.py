@@ -24,7 +24,7 @@ import torch
 
 from ..policy import AdaptivePolicy, DraftGate
 from ..sage_tree import SageTree
-from ..tree import Level, Shape, TreeConfig, extend_visibility
+from ..tree import Level, Shape, TreeConfig
 from ..types import Draft
 
 FeedFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -43,81 +43,123 @@ class Nodes:
     logp: torch.Tensor  # [n] float: draft log-prob of the token at its parent
     score: torch.Tensor  # [n] float: cumulative draft log-prob (the path's)
     value: torch.Tensor  # [n] float: cumulative selection value (ValueFn summed along the path)
-    depth: torch.Tensor  # [n] long
+    depth: torch.Tensor | None = None  # [n] long (None: the grower's layout knows it)
+
+
+class _Layout:
+    """What a shape's growth needs that does not depend on the step's values, built once per shape on
+    the device: per level whether it is a grid ((w, k): w expanded nodes with children of ranks
+    0..k-1 each, read off the top-k as a reshape, no gather), its index tensors otherwise, how many
+    nodes each level feeds and where its fed rows start, every node's depth, and the fed nodes'
+    starting visibility (each sees itself)."""
+
+    def __init__(self, shape: Shape, device: torch.device):
+        self.grids = [_grid(level) for level in shape.levels]
+        self.index = [None if grid else _index(level, device) for level, grid in zip(shape.levels, self.grids)]
+        sizes = [len(level.rows) for level in shape.levels]
+        # nodes fed after level d (the next level's expanded nodes) and the fed row they start at
+        self.feeds = [_expand_size(below) for below in shape.levels[1:]]
+        self.fed_at = [sum(self.feeds[:d]) for d in range(len(self.feeds))]
+        # the next level's expanded nodes when they are all of this level's (a chain): no choice to make
+        self.all_expanded = [torch.arange(n, device=device) if m == n else None
+                             for n, m in zip(sizes, self.feeds)]
+        self.fixed = [None if isinstance(below.expand, int) else torch.tensor(below.expand, dtype=torch.long, device=device)
+                      for below in shape.levels[1:]]
+        fed = sum(self.feeds)
+        self.eye = torch.eye(fed, dtype=torch.bool, device=device) if fed else None
+        self.root_rows = {m: torch.full((m,), -1, dtype=torch.long, device=device) for m in set(self.feeds[:1])}
+        depth = torch.cat([torch.full((n,), d, dtype=torch.long, device=device) for d, n in enumerate(sizes, 1)])
+        self.tie = 1e-9 * depth.double()  # _select's tie-break: the shallower of two equal values first
+        self.roots = torch.full((sizes[0],), -1, dtype=torch.long, device=device)
 
 
 class Grower:
-    """Grows trees for one drafter; keeps the index tensors of each shape on the device."""
+    """Grows trees for one drafter; keeps each shape's layout (index tensors, depths) on the device."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._index: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        self._layouts: dict[int, tuple[Shape, _Layout]] = {}  # by id: hashing a wide shape costs more than growing it
 
     def grow(self, shape: Shape, root_logits: torch.Tensor, feed: FeedFn, value: ValueFn | None = None,
              total: TotalFn | None = None, plan: dict | None = None) -> Draft:
         """Expand the tree level by level (one batched `feed` per level after the first).
 
         root_logits: [vocab] the drafter's logits after the root (the last committed token).
+        A grid level reads its nodes off the top-k as a reshape; the fed nodes' visibility is one
+        [fed, fed] buffer per step, each fed row its parent's row and itself.
         """
+        lay = self.layout(shape)
         logp = torch.log_softmax(root_logits.float(), dim=-1)[None]  # [expanded, vocab]
-        zero = torch.zeros(1, device=self.device)
-        expanded = (torch.full((1,), -1, dtype=torch.long, device=self.device), zero, zero)  # global idx, score, value
-        levels: list[Nodes] = []
-        vis = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # fed nodes' visibility
-        num, above = 0, None  # above: the fed row of each node expanded into this level (None: the root)
-        for depth, level in enumerate(shape.levels, start=1):
-            rows, ranks, _ = self._tensors(level)
-            top = logp.topk(int(max(level.ranks)) + 1, dim=-1)
-            lp = top.values[rows, ranks]
-            gain = lp if value is None else value(lp)
-            new = Nodes(tokens=top.indices[rows, ranks], parents=expanded[0][rows], logp=lp,
-                        score=expanded[1][rows] + lp, value=expanded[2][rows] + gain,
-                        depth=torch.full_like(rows, depth))
-            levels.append(new)
-            if depth == shape.depth:
-                break
-            pick = self._expand(shape.levels[depth], new.value)  # level-local indices to feed
-            # a node's parent is the expanded node rows[i], fed (if not the root) at row above[rows[i]]
-            picked_rows = rows[pick]
-            parent_row = torch.full_like(picked_rows, -1) if above is None else above[picked_rows]
-            vis = extend_visibility(vis, parent_row)
-            above = torch.arange(vis.shape[0] - pick.numel(), vis.shape[0], device=self.device)
-            logits = feed(new.tokens[pick], vis[-pick.numel():], parent_row, depth)
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            expanded = (num + pick, new.score[pick], new.value[pick])
-            num += rows.numel()
-        nodes = Nodes(*(torch.cat([getattr(lv, f) for lv in levels]) for f in Nodes.__dataclass_fields__))
-        keep_n = shape.total if total is None else total(nodes.value)
-        return _select(nodes, keep_n, shape.depth, plan)
-
-    def _tensors(self, level: Level) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """rows, ranks and fixed expand indices of a level, on the device. A dynamic level's come
-        from arange (no host list); a static level's are built once per run (prepare())."""
-        key = (level.rows, level.ranks, level.expand if isinstance(level.expand, tuple) else None)
-        if key not in self._index:
-            grid = _grid(level)
-            if grid is not None:  # rows 0..w-1 each with ranks 0..k-1
+        vis = None if lay.eye is None else lay.eye.clone()
+        cols: list[tuple[torch.Tensor, ...]] = []  # per level: tokens, parents, logp, score, value
+        idx = score = val = None  # the expanded nodes' indices, path scores and values (None: the root)
+        num = 0
+        for d, level in enumerate(shape.levels):
+            grid = lay.grids[d]
+            if grid is not None:
                 w, k = grid
-                ar = torch.arange(max(w, k), device=self.device)
-                fixed = ar[:1] if level.expand == (0,) else None
-                self._index[key] = (ar[:w].repeat_interleave(k), ar[:k].repeat(w), fixed)
+                top = logp.topk(k, dim=-1)  # [w, k]: row r's children of ranks 0..k-1, in node order
+                lp, tokens = top.values.reshape(-1), top.indices.reshape(-1)
             else:
-                def as_tensor(values):
-                    return torch.tensor(values, dtype=torch.long, device=self.device)
-                self._index[key] = (as_tensor(level.rows), as_tensor(level.ranks), as_tensor(level.expand))
-        return self._index[key]
+                rows, ranks = lay.index[d]
+                top = logp.topk(int(max(level.ranks)) + 1, dim=-1)
+                lp, tokens = top.values[rows, ranks], top.indices[rows, ranks]
+            gain = lp if value is None else value(lp)
+            if idx is None:  # the root's children
+                parents, lvl_score, lvl_val = lay.roots, lp, gain
+            elif grid is not None:
+                parents = idx.repeat_interleave(k) if w > 1 else idx.expand(k)
+                lvl_score = (score[:, None] + lp.view(w, k)).reshape(-1)
+                lvl_val = (val[:, None] + gain.view(w, k)).reshape(-1)
+            else:
+                parents, lvl_score, lvl_val = idx[rows], score[rows] + lp, val[rows] + gain
+            cols.append((tokens, parents, lp, lvl_score, lvl_val))
+            if d + 1 == shape.depth:
+                break
+            pick = self._expand(lay, d, shape.levels[d + 1], lvl_val)  # level-local indices to feed
+            m, f = lay.feeds[d], lay.fed_at[d]
+            if idx is None:
+                parent_row = lay.root_rows[m]
+            else:  # the expanded node rows[i] was fed at row (previous level's first fed row) + rows[i]
+                expanded = pick.div(k, rounding_mode="floor") if grid is not None else rows[pick]
+                parent_row = expanded + lay.fed_at[d - 1]
+                vis[f:f + m, :f] = vis[parent_row, :f]  # a fed node sees what its parent sees, and itself
+            logits = feed(tokens[pick], vis[f:f + m, :f + m], parent_row, d + 1)
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            idx, score, val = pick + num, lvl_score[pick], lvl_val[pick]
+            num += tokens.numel()
+        nodes = Nodes(*(torch.cat(col) if len(col) > 1 else col[0] for col in zip(*cols)), depth=None)
+        keep_n = shape.total if total is None else total(nodes.value)
+        return _select(nodes, keep_n, shape.depth, plan, lay.tie)
+
+    def layout(self, shape: Shape) -> _Layout:
+        """The shape's layout, built on first use (`prepare` builds a fixed shape's at start)."""
+        known = self._layouts.get(id(shape))
+        if known is None or known[0] is not shape:
+            known = self._layouts[id(shape)] = (shape, _Layout(shape, self.device))
+        return known[1]
 
     def prepare(self, shape: Shape) -> None:
-        """Build a fixed shape's index tensors now (at start), not inside a decode step."""
-        for level in shape.levels:
-            self._tensors(level)
+        """Build a fixed shape's layout now (at start), not inside a decode step."""
+        self.layout(shape)
 
-    def _expand(self, below: Level, value: torch.Tensor) -> torch.Tensor:
-        """Indices (in this level) of the nodes the next level grows from."""
-        fixed = self._tensors(below)[2]
+    @staticmethod
+    def _expand(lay: _Layout, d: int, below: Level, value: torch.Tensor) -> torch.Tensor:
+        """Indices (in level d) of the nodes the next level grows from."""
+        fixed = lay.fixed[d] if lay.fixed[d] is not None else lay.all_expanded[d]
         if fixed is not None:
             return fixed
         return value.topk(below.expand).indices.sort().values
+
+
+def _expand_size(level: Level) -> int:
+    return level.expand if isinstance(level.expand, int) else len(level.expand)
+
+
+def _index(level: Level, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows and ranks of a level that is not a grid, as long tensors on the device."""
+    return (torch.tensor(level.rows, dtype=torch.long, device=device),
+            torch.tensor(level.ranks, dtype=torch.long, device=device))
 
 
 def _grid(level: Level) -> tuple[int, int] | None:
@@ -131,18 +173,20 @@ def _grid(level: Level) -> tuple[int, int] | None:
     return (w, k) if regular else None
 
 
-def _select(nodes: Nodes, keep_n: int | None, depth: int, plan: dict | None) -> Draft:
+def _select(nodes: Nodes, keep_n: int | None, depth: int, plan: dict | None,
+            tie: torch.Tensor | None = None) -> Draft:
     """Keep the best `keep_n` nodes by value (all when None), parents first, re-indexed.
 
     Values fall along a path (each node adds a log-probability <= 0), so the best nodes include
-    their ancestors; a tiny depth penalty breaks the ties that could orphan a node.
+    their ancestors; a tiny depth penalty (`tie`: 1e-9 * depth, else from nodes.depth) breaks the
+    ties that could orphan a node.
     """
     n = nodes.tokens.numel()
-    if keep_n is not None and keep_n < n:
-        key = nodes.value.double() - 1e-9 * nodes.depth
-        keep = key.topk(keep_n).indices.sort().values
-    else:
-        keep = torch.arange(n, device=nodes.tokens.device)
+    if keep_n is None or keep_n >= n:  # every node: the tree as grown
+        return Draft(tokens=nodes.tokens, parents=nodes.parents, scores=nodes.score, probs=nodes.logp.exp(),
+                     depth=depth, plan=plan)
+    key = nodes.value.double() - (1e-9 * nodes.depth.double() if tie is None else tie)
+    keep = key.topk(keep_n).indices.sort().values
     new_index = torch.full((n + 1,), -1, dtype=torch.long, device=keep.device)
     new_index[keep + 1] = torch.arange(keep.numel(), device=keep.device)  # slot 0: the root stays -1
     return Draft(tokens=nodes.tokens[keep], parents=new_index[nodes.parents[keep] + 1],

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..staged_upload import StagedUpload
 from ..types import HostView, Verdict
 
 NUM_BINS = 10  # calibration bins of the draft's probability
@@ -115,7 +116,8 @@ class AcceptanceModel:
         # levels are independent; a loose verifier's rules or a draft that drifts make deep paths rarer)
         self.realised = Rate(prior=(1.0, 1.0), decay=0.9)
         self.calibration = Calibration()
-        self._table = torch.tensor(self.calibration.table(), device=device).log()
+        self._upload = StagedUpload(NUM_BINS, device)  # f per bin; its log on the device
+        self._table = self._upload.upload(self.calibration.table()).log()
         self._table_age = 0
 
     def rates(self) -> dict[int, tuple[float, float]]:
@@ -160,8 +162,8 @@ class AcceptanceModel:
             below = max(depth_w - 1, 0)  # levels passed below the first
             self.deeper[w].add(below, below + int(stopped and depth_w > 0))
         self._table_age += 1
-        if self._table_age >= TABLE_EVERY:  # refresh the device copy now and then (one small host-to-device copy)
-            self._table = torch.tensor(self.calibration.table(), device=self.device).log()
+        if self._table_age >= TABLE_EVERY:  # refresh the device copy now and then (an asynchronous copy, no sync)
+            self._table = self._upload.upload(self.calibration.table()).log()
             self._table_age = 0
 
     def estimates(self) -> dict:

@@ -123,6 +123,7 @@ class CostModel:
         self.single: float | None = None  # cost of a plain one-token step: the median of the recent ones
         self.plain_times: list[float] = []  # the last PLAIN_STEPS plain steps' seconds
         self.max_tokens, self.max_levels = 1, 0  # the largest verification and draft depth measured
+        self._memo_key, self._memo = None, {}  # verify_cost's answers while nothing new was observed
 
     @property
     def drafted(self) -> bool:
@@ -160,12 +161,20 @@ class CostModel:
         return predicted
 
     def verify_cost(self, tokens: int) -> float:
-        """Seconds to verify `tokens` tokens (with the root): the cost table where it reaches."""
-        return self.verify_table.predict(tokens, self.single, self.verify)
+        """Seconds to verify `tokens` tokens (with the root): the cost table where it reaches. Kept
+        until the next observation: a step's plan search asks for the same few sizes ~100 times."""
+        key = (self.single, self.verify.count, self.verify.prior is None)
+        if self._memo_key != key:
+            self._memo_key, self._memo = key, {}
+        cost = self._memo.get(tokens)
+        if cost is None:
+            cost = self._memo[tokens] = self.verify_table.predict(tokens, self.single, self.verify)
+        return cost
 
     def forget(self) -> None:
         """The machine changed: the plain step's median restarts, the fits start afresh."""
         self.plain_times = []
+        self._memo_key = None
         self.verify_table.reset()
         for fit in (self.verify, self.draft):
             fit.reset()
